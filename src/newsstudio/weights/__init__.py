@@ -1,0 +1,1 @@
+"""Weight loading: official checkpoint layouts, seeded random weights for tests and benchmarks."""
