@@ -1,0 +1,10 @@
+"""Ditto image networks (LivePortrait-style), one network per file, official state_dict names.
+
+Each class is built with the official constructor defaults and loads the matching
+`ditto_pytorch/models/*.pth` strictly (see `newsstudio.engines.ditto.checkpoints`).
+"""
+from .appearance_feature_extractor import AppearanceFeatureExtractor
+
+__all__ = [
+    "AppearanceFeatureExtractor",
+]

@@ -1,0 +1,52 @@
+"""Golden checkers for the four big Ditto image networks (README sections 2.1-2.4).
+
+Each checker builds our module with constructor defaults (as the official loader does), fills it
+with `fill_seeded_(m, salt=meta['weight_salt'])`, runs it in eval mode on the case's `in.*`
+tensors and compares EVERY `out.*` tensor of the case with the README tolerance. Sizes come from
+the input tensors only.
+"""
+from __future__ import annotations
+
+import torch
+
+from golden.golden_io import assert_close
+from newsstudio.weights.seeded import fill_seeded_
+
+# Per-output relative-error tolerances from golden/ditto/README.md (sections 2.1-2.4).
+TOLERANCES: dict[str, dict[str, float]] = {
+    "appearance_feature_extractor": {"f_s": 1e-4},
+    "motion_extractor": {k: 1e-4 for k in ("pitch", "yaw", "roll", "t", "exp", "scale", "kp")},
+    "warping_network": {"out": 1e-4, "dense.deformation": 1e-4, "dense.occlusion_map": 1e-4, "dense.mask": 1e-4},
+    "spade_decoder": {"image": 1e-3, "logits": 1e-4, "render_hwc255": 1e-3},
+}
+
+
+def _seeded(module: torch.nn.Module, meta: dict) -> torch.nn.Module:
+    return fill_seeded_(module, salt=int(meta["weight_salt"])).eval()
+
+
+def _compare_all(kind: str, tensors: dict, ours: dict[str, torch.Tensor]) -> None:
+    """Every out.* of the case must be produced by us and be within its tolerance."""
+    refs = {k[len("out."):]: v for k, v in tensors.items() if k.startswith("out.")}
+    assert refs, f"{kind}: case has no out.* tensors"
+    tols = TOLERANCES[kind]
+    unknown = sorted(set(refs) - set(tols))
+    assert not unknown, f"{kind}: no tolerance known for outputs {unknown}"
+    missing = sorted(set(refs) - set(ours))
+    assert not missing, f"{kind}: our module does not produce {missing}"
+    for name, ref in refs.items():
+        assert ours[name].dtype == ref.dtype, f"{kind}.{name}: dtype {ours[name].dtype} != {ref.dtype}"
+        assert_close(f"{kind}.{name}", ours[name], ref, tols[name])
+
+
+@torch.no_grad()
+def check_appearance_feature_extractor(tensors: dict, meta: dict) -> None:
+    from newsstudio.engines.ditto.models import AppearanceFeatureExtractor
+
+    m = _seeded(AppearanceFeatureExtractor(), meta)
+    _compare_all("appearance_feature_extractor", tensors, {"f_s": m(tensors["in.image"])})
+
+
+CHECKS = {
+    "appearance_feature_extractor": check_appearance_feature_extractor,
+}
