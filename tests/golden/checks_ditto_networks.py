@@ -47,6 +47,19 @@ def check_appearance_feature_extractor(tensors: dict, meta: dict) -> None:
     _compare_all("appearance_feature_extractor", tensors, {"f_s": m(tensors["in.image"])})
 
 
+@torch.no_grad()
+def check_motion_extractor(tensors: dict, meta: dict) -> None:
+    from newsstudio.engines.ditto.models import MotionExtractor
+    from newsstudio.engines.ditto.models.motion_extractor import MOTION_OUTPUT_NAMES
+
+    m = _seeded(MotionExtractor(), meta)
+    outs = m(tensors["in.image"])
+    order = meta.get("output_tuple_order", list(MOTION_OUTPUT_NAMES))
+    assert list(order) == list(MOTION_OUTPUT_NAMES), f"tuple order {order} != {MOTION_OUTPUT_NAMES}"
+    _compare_all("motion_extractor", tensors, dict(zip(MOTION_OUTPUT_NAMES, outs)))
+
+
 CHECKS = {
     "appearance_feature_extractor": check_appearance_feature_extractor,
+    "motion_extractor": check_motion_extractor,
 }

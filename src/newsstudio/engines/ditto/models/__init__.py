@@ -4,7 +4,9 @@ Each class is built with the official constructor defaults and loads the matchin
 `ditto_pytorch/models/*.pth` strictly (see `newsstudio.engines.ditto.checkpoints`).
 """
 from .appearance_feature_extractor import AppearanceFeatureExtractor
+from .motion_extractor import MotionExtractor
 
 __all__ = [
     "AppearanceFeatureExtractor",
+    "MotionExtractor",
 ]
