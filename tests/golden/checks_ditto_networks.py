@@ -59,7 +59,18 @@ def check_motion_extractor(tensors: dict, meta: dict) -> None:
     _compare_all("motion_extractor", tensors, dict(zip(MOTION_OUTPUT_NAMES, outs)))
 
 
+@torch.no_grad()
+def check_warping_network(tensors: dict, meta: dict) -> None:
+    from newsstudio.engines.ditto.models import WarpingNetwork
+
+    m = _seeded(WarpingNetwork(), meta)
+    out, dense = m.forward_debug(tensors["in.feature_3d"], tensors["in.kp_source"], tensors["in.kp_driving"])
+    ours = {"out": out, **{f"dense.{k}": v for k, v in dense.items()}}
+    _compare_all("warping_network", tensors, ours)
+
+
 CHECKS = {
     "appearance_feature_extractor": check_appearance_feature_extractor,
     "motion_extractor": check_motion_extractor,
+    "warping_network": check_warping_network,
 }

@@ -5,8 +5,10 @@ Each class is built with the official constructor defaults and loads the matchin
 """
 from .appearance_feature_extractor import AppearanceFeatureExtractor
 from .motion_extractor import MotionExtractor
+from .warping_network import WarpingNetwork
 
 __all__ = [
     "AppearanceFeatureExtractor",
     "MotionExtractor",
+    "WarpingNetwork",
 ]
