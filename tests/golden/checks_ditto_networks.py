@@ -69,8 +69,32 @@ def check_warping_network(tensors: dict, meta: dict) -> None:
     _compare_all("warping_network", tensors, ours)
 
 
+@torch.no_grad()
+def check_spade_decoder(tensors: dict, meta: dict) -> None:
+    from newsstudio.engines.ditto.models import SPADEDecoder
+    from newsstudio.engines.ditto.models.spade_decoder import render_hwc255
+
+    m = _seeded(SPADEDecoder(), meta)
+    captured: dict[str, torch.Tensor] = {}
+    # Like the reference: the logits are the conv_img stage's output, seen by a forward hook.
+    hook = m.conv_img.register_forward_hook(lambda _m, _i, o: captured.__setitem__("logits", o))
+    try:
+        image = m(tensors["in.feature"])
+    finally:
+        hook.remove()
+    ours = {"image": image, "logits": captured["logits"], "render_hwc255": render_hwc255(image)}
+    _compare_all("spade_decoder", tensors, ours)
+
+    # The folded (inference) form must give the same result as the spectral-normed one.
+    m.fold_spectral_norm_()
+    assert m.spectral_norm_folded
+    assert_close("spade_decoder.logits(folded)", m.forward_logits(tensors["in.feature"]), tensors["out.logits"],
+                 TOLERANCES["spade_decoder"]["logits"])
+
+
 CHECKS = {
     "appearance_feature_extractor": check_appearance_feature_extractor,
     "motion_extractor": check_motion_extractor,
     "warping_network": check_warping_network,
+    "spade_decoder": check_spade_decoder,
 }

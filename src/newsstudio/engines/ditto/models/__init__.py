@@ -5,10 +5,12 @@ Each class is built with the official constructor defaults and loads the matchin
 """
 from .appearance_feature_extractor import AppearanceFeatureExtractor
 from .motion_extractor import MotionExtractor
+from .spade_decoder import SPADEDecoder
 from .warping_network import WarpingNetwork
 
 __all__ = [
     "AppearanceFeatureExtractor",
     "MotionExtractor",
+    "SPADEDecoder",
     "WarpingNetwork",
 ]
