@@ -6,7 +6,9 @@ import numpy as np
 import torch
 
 from golden.golden_io import assert_close, assert_uint8_close
-from newsstudio.engines.musetalk import crop, frame_mapping
+from newsstudio.engines.musetalk import blend, crop, face_parsing, frame_mapping
+from newsstudio.engines.musetalk.bisenet import BiSeNet, normalize_rgb
+from newsstudio.weights.seeded import fill_seeded_
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -92,8 +94,111 @@ def check_frame_mapping(t: dict, meta: dict) -> None:
     })
 
 
+# ----------------------------------------------------------------------------------------- BiSeNet / parsing
+
+def _seeded_bisenet(salt: int) -> BiSeNet:
+    return fill_seeded_(BiSeNet(), salt).eval()
+
+
+def _frac_differ(name: str, out, ref: torch.Tensor, max_frac: float) -> np.ndarray:
+    o = np.asarray(out)
+    r = _np(ref)
+    assert o.shape == r.shape, f"{name}: shape {o.shape} != {r.shape}"
+    diff = o != r
+    assert diff.mean() <= max_frac, f"{name}: {diff.mean():.4%} differ > {max_frac:.4%}"
+    return diff
+
+
+def check_bisenet_forward(t: dict, meta: dict) -> None:
+    net = _seeded_bisenet(int(meta["weight_salt"]))
+    x = normalize_rgb(_np(t["in.image_rgb"]))
+    assert_close("input_normalized", x, t["out.input_normalized"], 1e-4)
+    with torch.no_grad():
+        maps = net(x)
+    for name, m in zip(("logits", "logits16", "logits32"), maps):
+        assert_close(name, m, t[f"out.{name}"], 1e-4)
+    _frac_differ("argmax", maps[0][0].argmax(0).to(torch.uint8).numpy(), t["out.argmax"], 0.005)
+    _all_outputs_checked(t, {"out.input_normalized", "out.logits", "out.logits16", "out.logits32", "out.argmax"})
+
+
+def check_faceparsing_call(t: dict, meta: dict) -> None:
+    # the case runs FaceParsing with the v1.5 scripts' cheek widths unless its metadata says otherwise
+    cheeks = meta.get("cheek_widths", [90, 90])
+    parser = face_parsing.FaceParser(_seeded_bisenet(int(meta["weight_salt"])), int(cheeks[0]), int(cheeks[1]))
+    image = _np(t["in.crop_rgb"])
+    size = int(t["out.resized512_rgb"].shape[0])
+    resized = face_parsing.resize_for_parsing(image, size)
+    assert_uint8_close("resized512_rgb", resized, t["out.resized512_rgb"], max_abs=1, max_frac=0.005)
+    argmax = parser.parse_resized(resized)
+    same = ~_frac_differ("argmax512", argmax, t["out.argmax512"], 0.001)
+    # parse() (resize + net) is the same computation in one call
+    assert np.array_equal(parser.parse(image), argmax)
+    h, w = image.shape[:2]
+    checked = {"out.resized512_rgb", "out.argmax512"}
+    for key in t:
+        if not key.startswith("out.mask512_"):
+            continue
+        mode = key.removeprefix("out.mask512_")
+        # from the golden argmax: identical; from ours: equal wherever the argmax agrees
+        gold_mask = parser.mask(_np(t["out.argmax512"]), mode)
+        _exact(f"mask512_{mode} (golden argmax)", gold_mask, t[key])
+        own_mask = parser.mask(argmax, mode)
+        if same.all():
+            _exact(f"mask512_{mode}", own_mask, t[key])
+            assert np.array_equal(parser(image, mode), own_mask)
+        seg_key = f"out.face_seg_{mode}"
+        assert_uint8_close(f"face_seg_{mode} (golden argmax)", face_parsing.resize_mask(gold_mask, w, h), t[seg_key], 1, 1.0)
+        if same.all():
+            assert_uint8_close(f"face_seg_{mode}", parser.face_seg(image, mode), t[seg_key], 1, 1.0)
+        checked |= {key, seg_key}
+    _all_outputs_checked(t, checked)
+
+
+# ----------------------------------------------------------------------------------------- blending
+
+def check_blend(t: dict, meta: dict) -> None:
+    face_box = [int(v) for v in _np(t["in.face_box"])]
+    expand = float(meta["expand"])
+    ratio = float(meta["upper_boundary_ratio"])
+    frame = _np(t["in.frame_bgr"])
+    parsing = _np(t["in.parsing512"])
+    crop_box, s = blend.expanded_crop_box(face_box, expand)
+    _exact("crop_box", crop_box, t["out.crop_box"])
+    face = blend.resize_face(_np(t["in.face256_bgr"]), face_box)
+    assert_uint8_close("face_resized", face, t["out.face_resized"], 2, 0.005)
+    checked = {"out.crop_box", "out.face_resized"}
+    for mode in meta["modes"]:
+        left, right = (int(v) for v in meta[f"cheek_widths_{mode}"])
+        mask512 = face_parsing.parsing_to_mask(parsing, mode, left, right)
+        _frac_differ(f"fp_mask512_{mode}", mask512, t[f"out.fp_mask512_{mode}"], 0.001)
+        pre = blend.place_mask(mask512, face_box, crop_box, ratio)
+        _frac_differ(f"mask_preblur_{mode}", pre, t[f"out.mask_preblur_{mode}"], 0.001)
+        # realtime path: get_image_prepare_material + get_image_blending
+        k_rt = blend.blur_ksize(2 * s, blend.REALTIME_BLUR_FRACTION)
+        assert k_rt == int(meta[f"blur_ksize_prepare_material_{mode}"]), (k_rt, meta)
+        prep, cb = blend.prepare_mask(mask512, face_box, blend.REALTIME_BLUR_FRACTION, ratio, expand)
+        assert cb == crop_box
+        assert_uint8_close(f"prep_mask_{mode}", prep, t[f"out.prep_mask_{mode}"], 2, 0.005)
+        out_rt = blend.composite_pil(frame, face, face_box, prep, crop_box)
+        assert_uint8_close(f"blend_realtime_{mode}", out_rt, t[f"out.blend_realtime_{mode}"], 2, 0.005)
+        # the GPU form gives the same frame up to rounding
+        cb2, alpha = blend.blend_material(face_box, prep, expand)
+        out_t = blend.composite_torch(torch.from_numpy(frame), torch.from_numpy(face), face_box, cb2, alpha)
+        assert_uint8_close(f"blend_realtime_{mode} (torch)", out_t, t[f"out.blend_realtime_{mode}"], 2, 1.0)
+        # offline path: get_image
+        k_off = blend.blur_ksize(2 * s, blend.OFFLINE_BLUR_FRACTION)
+        assert k_off == int(meta[f"blur_ksize_get_image_{mode}"]), (k_off, meta)
+        out_off = blend.blend_offline(frame, face, face_box, mask512, ratio, expand)
+        assert_uint8_close(f"blend_getimage_{mode}", out_off, t[f"out.blend_getimage_{mode}"], 2, 0.005)
+        checked |= {f"out.{k}_{mode}" for k in ("fp_mask512", "mask_preblur", "prep_mask", "blend_realtime", "blend_getimage")}
+    _all_outputs_checked(t, checked)
+
+
 CHECKS = {
     "crop_box_v15": check_crop_box_v15,
     "crop_box_v10_shift": check_crop_box_v10_shift,
     "frame_mapping": check_frame_mapping,
+    "bisenet_forward": check_bisenet_forward,
+    "faceparsing_call": check_faceparsing_call,
+    "blend": check_blend,
 }
