@@ -1,0 +1,127 @@
+"""Golden checkers for the Ditto motion side: LMDM (denoiser, DDIM), stitching network, motion
+stitching, audio windowing (wav2feat) and paste-back (mask, blend).
+
+Every size, salt, step count and flag comes from the case's tensors or metadata.
+"""
+from __future__ import annotations
+
+import torch
+
+from golden.golden_io import assert_close, assert_uint8_close
+from newsstudio.weights.seeded import fill_seeded_
+
+torch.set_grad_enabled(False)
+
+
+def _outs(t: dict) -> set[str]:
+    return {k for k in t if k.startswith("out.")}
+
+
+def _check_all_compared(t: dict, compared: set[str]) -> None:
+    missing = _outs(t) - compared
+    assert not missing, f"outputs not compared: {sorted(missing)}"
+
+
+# -- stitching network ------------------------------------------------------------------------
+
+
+def _stitching_net(salt: int):
+    from newsstudio.engines.ditto.models.stitching_network import StitchingNetwork
+
+    return fill_seeded_(StitchingNetwork(), salt).eval()
+
+
+def check_stitching_network(t: dict, meta: dict) -> None:
+    net = _stitching_net(int(meta["weight_salt"]))
+    src, drv = t["in.kp_source"], t["in.kp_driving"]
+    drv_before = drv.clone()
+    out = net(src, drv)
+    assert torch.equal(drv, drv_before), "kp_driving was modified in place"
+    assert_close("kp_driving_new", out, t["out.kp_driving_new"], 1e-4)
+    assert_close("mlp_delta", net.delta(src, drv), t["out.mlp_delta"], 1e-4)
+    _check_all_compared(t, {"out.kp_driving_new", "out.mlp_delta"})
+
+
+# -- LMDM -------------------------------------------------------------------------------------
+
+
+def _lmdm(meta: dict):
+    from newsstudio.engines.ditto.lmdm import LMDM
+
+    kw = meta.get("lmdm_constructor_kwargs", {})
+    m = LMDM(
+        motion_feat_dim=int(kw.get("motion_feat_dim", 265)),
+        audio_feat_dim=int(kw.get("audio_feat_dim", 1103)),
+        seq_frames=int(kw.get("seq_frames", 80)),
+        guidance_weight=float(meta.get("guidance_weight", 2)),
+        clip_denoised=bool(meta.get("clip_denoised", False)),
+    )
+    fill_seeded_(m.model, int(meta["weight_salt"]))
+    return m.eval()
+
+
+def check_lmdm_denoiser(t: dict, meta: dict) -> None:
+    m = _lmdm(meta)
+    tc = t["in.time_cond"]
+    assert tc.tolist() == list(meta["time_cond"])
+    pred_noise, x_start, out_c, out_u = m.predictions(t["in.x"], t["in.cond_frame"], t["in.cond"], tc)
+    assert_close("pred_noise", pred_noise, t["out.pred_noise"], 1e-4)
+    assert_close("x_start", x_start, t["out.x_start"], 1e-4)
+    assert_close("model_out_cond", out_c, t["out.model_out_cond"], 1e-4)
+    assert_close("model_out_uncond", out_u, t["out.model_out_uncond"], 1e-4)
+    # the single-branch forward (reference semantics of cond_drop_prob 0 / 1) agrees too
+    one_c = m.model(t["in.x"], t["in.cond_frame"], t["in.cond"], tc, cond_drop_prob=0.0)
+    one_u = m.model(t["in.x"], t["in.cond_frame"], t["in.cond"], tc, cond_drop_prob=1.0)
+    assert_close("forward(cond_drop_prob=0)", one_c, t["out.model_out_cond"], 1e-4)
+    assert_close("forward(cond_drop_prob=1)", one_u, t["out.model_out_uncond"], 1e-4)
+    _check_all_compared(t, {"out.pred_noise", "out.x_start", "out.model_out_cond", "out.model_out_uncond"})
+
+
+def check_lmdm_ddim(t: dict, meta: dict) -> None:
+    from newsstudio.engines.ditto.lmdm import DDIMSampler, DDIMTrace, cosine_alphas_cumprod, ddim_plan
+
+    steps = int(meta["sampling_timesteps"])
+    eta = float(meta["eta"])
+    m = _lmdm(meta)
+    n_t = int(meta["n_timestep"])
+    ac = cosine_alphas_cumprod(n_t)
+    assert_close("schedule.alphas_cumprod", ac, t["out.schedule.alphas_cumprod"], 1e-6)
+    assert torch.equal(m.alphas_cumprod, ac)
+
+    plan = ddim_plan(m.alphas_cumprod, steps, eta)
+    pairs = torch.tensor(plan.time_pairs, dtype=torch.int64)
+    assert torch.equal(pairs, t["out.time_pairs"]), f"time pairs {plan.time_pairs}"
+    assert [list(p) for p in plan.time_pairs] == meta["time_pairs"]
+    assert torch.equal(torch.tensor(plan.times, dtype=torch.int64), t["out.time_cond_per_step"])
+    f32 = lambda v: torch.tensor(v, dtype=torch.float32)  # noqa: E731
+    assert_close("schedule.sigma", f32(plan.sigma), t["out.schedule.sigma"], 1e-6)
+    assert_close("schedule.alpha_next_sqrt", f32(plan.alpha_next_sqrt), t["out.schedule.alpha_next_sqrt"], 1e-6)
+    # entry 0 of c is float32 cancellation noise in the reference (README S4): informative only
+    c_ref = t["out.schedule.c"]
+    assert c_ref.shape[0] == len(plan.c)
+    if c_ref.shape[0] > 1:
+        assert_close("schedule.c[1:]", f32(plan.c[1:]), c_ref[1:], 1e-6)
+    assert all(torch.isfinite(f32(plan.c))) and plan.c[0] >= 0.0
+
+    sampler = DDIMSampler(m, steps=steps, eta=eta, generator=torch.Generator().manual_seed(0))
+    sampler.setup(steps, step_noise=t["in.step_noise"])
+    trace = DDIMTrace([], [], [])
+    result = sampler.sample(t["in.kp_cond"], t["in.aud_cond"], x_T=t["in.x_T"], trace=trace)
+    assert_close("result", result, t["out.result"], 2e-4)
+    assert_close("x_in_per_step", torch.stack(trace.x_in), t["out.x_in_per_step"], 2e-4)
+    compared = {
+        "out.result", "out.x_in_per_step", "out.time_pairs", "out.time_cond_per_step",
+        "out.schedule.alphas_cumprod", "out.schedule.sigma", "out.schedule.alpha_next_sqrt", "out.schedule.c",
+    }
+    for name, seq in (("x_start_per_step", trace.x_start), ("pred_noise_per_step", trace.pred_noise)):
+        if f"out.{name}" in t:
+            assert_close(name, torch.stack(seq), t[f"out.{name}"], 2e-4)
+            compared.add(f"out.{name}")
+    _check_all_compared(t, compared)
+
+
+CHECKS = {
+    "stitching_network": check_stitching_network,
+    "lmdm_denoiser": check_lmdm_denoiser,
+    "lmdm_ddim": check_lmdm_ddim,
+}
