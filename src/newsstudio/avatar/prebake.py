@@ -1,0 +1,117 @@
+"""Prebake: turn a presenter video loop or a portrait photo into an avatar packet, once.
+
+Everything that does not depend on the audio is computed here so rendering only gathers:
+output-size NV12 background frames, face landmarks, the generic lower-face ROI (origins,
+RGB crops, feathered masks), and, on request, each engine's own tensors (the engine's
+`prebake` adds them to the same packet).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from ..compose.colour import rgb_to_nv12
+from ..media.image import is_image_path, read_image
+from ..media.video import iter_video_frames, probe_video
+from .geometry import lower_face_mask, lower_face_roi, make_framing
+from .landmarks import detect_sequence, get_backend
+from .packet import Packet, PacketWriter
+from .store import packet_dir, source_digest, validate_id
+
+DEFAULT_MAX_FRAMES = 750  # 30 s at 25 fps: a loop longer than that is rarely useful and costs memory
+PHOTO_FPS = 25.0
+
+
+def prebake(
+    source: str | os.PathLike[str],
+    avatar_id: str,
+    *,
+    root: str | os.PathLike[str] | None = None,
+    size: tuple[int, int] | None = None,
+    fit: str = "cover",
+    max_frames: int = DEFAULT_MAX_FRAMES,
+    engines: Sequence[str] = (),
+    landmarks: str = "auto",
+    no_face: str = "nearest",
+    progress: bool = True,
+    engine_kwargs: dict[str, Any] | None = None,
+) -> Packet:
+    """Build (or rebuild) the packet `avatar_id` from `source`; returns it opened."""
+    validate_id(avatar_id)
+    src = Path(source)
+    if not src.is_file():
+        raise FileNotFoundError(f"avatar source {src} does not exist")
+    photo = is_image_path(src)
+    if photo:
+        frames_src = [read_image(src)]
+        fps = PHOTO_FPS
+    else:
+        info = probe_video(src)
+        fps = float(info.fps)
+        n = min(info.frame_count or max_frames, max_frames)
+        frames_src = list(tqdm(iter_video_frames(src, limit=max_frames), total=n, desc="decode", unit="f", disable=not progress, leave=False))
+        if not frames_src:
+            raise ValueError(f"{src}: the video holds no decodable frames")
+    sh, sw = frames_src[0].shape[:2]
+    framing = make_framing((sw, sh), size, fit)
+    w, h = framing.out_size
+
+    backend = get_backend(landmarks)
+    faces = detect_sequence(_progress(frames_src, "landmarks", progress), policy=no_face, backend=backend, video=not photo)
+    lm68 = np.stack([framing.points(f.lm68) for f in faces]).astype(np.float32)
+    mesh = np.stack([framing.points(f.mesh) for f in faces]).astype(np.float32)
+    boxes = np.stack([framing.points(np.asarray(f.box, np.float32).reshape(2, 2)).reshape(4) for f in faces]).astype(np.float32)
+
+    roi_size, origins = lower_face_roi(lm68, (w, h))
+    rw, rh = roi_size
+    n = len(frames_src)
+    meta = {
+        "n_frames": n,
+        "fps": fps,
+        "size": [w, h],
+        "kind": "photo" if photo else "video",
+        "cycle": "pingpong",
+        "colour": {"matrix": "bt709", "range": "limited", "layout": "nv12"},
+        "roi": {"size": [rw, rh]},
+        "framing": {"fit": framing.fit, "scale": framing.scale, "offset": list(framing.offset), "source_size": [sw, sh]},
+        "landmarks": {"backend": backend.name, "missing_policy": no_face},
+        "source": {"name": src.name, "sha256": source_digest(src), "bytes": src.stat().st_size},
+    }
+    dest = packet_dir(avatar_id, root)
+    with PacketWriter(dest, avatar_id, meta) as writer:
+        nv12 = np.lib.format.open_memmap(writer.tmp / "frames_nv12.scratch.npy", mode="w+", dtype=np.uint8, shape=(n, h * 3 // 2, w))
+        roi_rgb = np.empty((n, rh, rw, 3), np.uint8)
+        roi_mask = np.empty((n, rh, rw), np.uint8)
+        out_rgb_iter = (framing.apply(f) for f in frames_src)
+        for i, rgb in enumerate(tqdm(out_rgb_iter, total=n, desc="prebake", unit="f", disable=not progress)):
+            nv12[i] = rgb_to_nv12(torch.from_numpy(rgb)[None]).numpy()[0]
+            x0, y0 = origins[i]
+            roi_rgb[i] = rgb[y0 : y0 + rh, x0 : x0 + rw]
+            roi_mask[i] = lower_face_mask(lm68[i], origins[i], roi_size)
+        writer.add("frames_nv12", nv12)
+        del nv12
+        (writer.tmp / "frames_nv12.scratch.npy").unlink()
+        writer.add("landmarks68", lm68)
+        writer.add("mesh", mesh)
+        writer.add("face_boxes", boxes)
+        writer.add("roi/origins", origins)
+        writer.add("roi/rgb", roi_rgb)
+        writer.add("roi/mask", roi_mask)
+        packet = writer.commit()
+    for name in engines:
+        from ..engines.registry import create_engine
+
+        eng = create_engine(name, device="cpu", **(engine_kwargs or {}))
+        packet = eng.prebake(packet, progress=progress)
+    return packet
+
+
+def _progress(frames: Iterable[np.ndarray], desc: str, enabled: bool) -> list[np.ndarray]:
+    frames = list(frames)
+    return list(tqdm(frames, desc=desc, unit="f", disable=not enabled or len(frames) < 2, leave=False))

@@ -1,0 +1,155 @@
+"""The one protocol every engine implements, and the pieces engines share.
+
+An engine is four stages (BRIEF §3), and the runner in `newsstudio.stream` drives them the
+same way for every engine:
+
+1. `conditioner(fps)`  audio -> per-frame conditioning, incremental (PCM chunks in, frames out
+   as soon as the look-ahead they need has arrived);
+2. `driver(layer)`     conditioning -> driving signal (identity for MuseTalk/classic, LMDM
+   motion windows for Ditto); also incremental;
+3. `render(layer, driving, frame_idx)` a batch of face ROIs on the device;
+4. splicing into full frames is done by the runner with the layer's geometry.
+
+Incremental stages share one small interface (`FrameQueue`): `push`, `close`, `ready`, `take`.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..avatar.packet import Packet
+
+
+class FrameQueue(ABC):
+    """An incremental stage: values pushed in, per-frame values taken out once final."""
+
+    @abstractmethod
+    def push(self, value: Any) -> None:
+        """Feed more input (PCM samples for a conditioner, a conditioning batch for a driver)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """No more input: flush whatever was held back for look-ahead."""
+
+    @property
+    @abstractmethod
+    def ready(self) -> int:
+        """Frames that can be taken now."""
+
+    @abstractmethod
+    def take(self, n: int) -> torch.Tensor:
+        """Remove and return the next `n` (<= ready) frames, stacked on axis 0."""
+
+
+class TensorFrameQueue(FrameQueue):
+    """A FIFO of per-frame tensors; the building block of simple stages."""
+
+    def __init__(self) -> None:
+        self._parts: list[torch.Tensor] = []
+        self._count = 0
+        self.closed = False
+
+    def push(self, value: torch.Tensor) -> None:
+        if value.shape[0]:
+            self._parts.append(value)
+            self._count += int(value.shape[0])
+
+    def close(self) -> None:
+        self.closed = True
+
+    @property
+    def ready(self) -> int:
+        return self._count
+
+    def take(self, n: int) -> torch.Tensor:
+        if n > self._count:
+            raise ValueError(f"asked for {n} frames, {self._count} ready")
+        if not self._parts:
+            raise ValueError("queue is empty")
+        cat = torch.cat(self._parts) if len(self._parts) > 1 else self._parts[0]
+        head, tail = cat[:n], cat[n:]
+        self._parts = [tail] if tail.shape[0] else []
+        self._count -= n
+        return head
+
+
+class PassThroughDriver(TensorFrameQueue):
+    """Stage 2 for engines whose conditioning is already the driving signal."""
+
+
+@dataclass
+class AvatarLayer:
+    """An engine's view of one avatar, resident on the render device.
+
+    `origins` (N, 2) even ROI origins and `masks` (N, Hr, Wr) feathering masks in [0, 1] say
+    where and how the rendered ROIs land in the output frames; `data` holds the engine's own
+    per-avatar tensors (latents, feature volumes, ...). Index tensors by source frame.
+    """
+
+    engine: str
+    packet: Packet
+    device: torch.device
+    roi_hw: tuple[int, int]
+    origins: torch.Tensor
+    masks: torch.Tensor
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_frames(self) -> int:
+        return self.packet.n_frames
+
+
+class Engine(ABC):
+    """A talking-head engine. Subclasses are stateless across sessions: per-stream state lives
+    in the conditioner/driver objects they return, so one loaded engine serves many streams."""
+
+    name: str = "engine"
+    #: sample rate the conditioner expects (mono float32)
+    sample_rate: int = 16000
+    #: True when the weights are seeded random (benchmarks): outputs are marked as such
+    random_weights: bool = False
+
+    def __init__(self, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
+        self.device = torch.device(device)
+        self.dtype = dtype
+
+    @abstractmethod
+    def load_avatar(self, packet: Packet) -> AvatarLayer:
+        """Bring the packet's arrays this engine needs onto the device (prebaking if needed)."""
+
+    @abstractmethod
+    def conditioner(self, fps: float) -> FrameQueue:
+        """A fresh stage-1 object: PCM at `sample_rate` in, per-frame conditioning out."""
+
+    def driver(self, layer: AvatarLayer) -> FrameQueue:
+        """A fresh stage-2 object; identity unless the engine synthesises motion."""
+        return PassThroughDriver()
+
+    @abstractmethod
+    def render(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> torch.Tensor:
+        """ROIs for a batch: (B, Hr, Wr, 3) float RGB in [0, 255] on the device.
+
+        frame_idx: (B,) source-frame index of each output frame (ping-pong already applied).
+        """
+
+    def idle_driving(self, n: int) -> torch.Tensor | None:
+        """Driving signal for `n` silent frames, or None to show the avatar frames unchanged."""
+        return None
+
+
+def pingpong_index(i: np.ndarray | torch.Tensor | int, n_frames: int):
+    """Source frame of output frame i for a loop played forwards then backwards (length 2N).
+
+    Both ends appear twice in a row, as in MuseTalk's avatar cycle, so any audio length works
+    and the loop never jumps.
+    """
+    if n_frames <= 1:
+        return i * 0
+    p = i % (2 * n_frames)
+    if isinstance(p, int):
+        return p if p < n_frames else 2 * n_frames - 1 - p
+    return torch.where(p < n_frames, p, 2 * n_frames - 1 - p) if isinstance(p, torch.Tensor) else np.where(p < n_frames, p, 2 * n_frames - 1 - p)

@@ -1,0 +1,298 @@
+"""The runner: one streaming pipeline that drives every engine.
+
+`stream_generator(engine, avatar, audio, ...)` yields chunks of finished frames while audio
+is still arriving:
+
+    {"chunk_idx", "frame_start", "num_frames", "frames", "is_last",
+     "audio", "sample_rate", "pts", "audio_start"}
+
+`frames` is (B, H*3//2, W) uint8 NV12 or (B, H, W, 3) uint8 RGB, on the CPU by default or on
+the render device on request; `audio` is the ORIGINAL PCM, (channels, n) float32, that plays
+with exactly those frames (slices concatenate back to the input); `pts` the frames'
+presentation times in seconds. Frame count for a finite input is ceil(duration * fps).
+
+Compute and copy-out overlap: a worker thread renders chunk k+1 while the caller consumes
+chunk k (torch releases the GIL in its kernels; on CUDA the copy to pinned memory is async).
+`stream_classic_generator`, `stream_musetalk_generator`, `stream_ditto_generator` are this
+function with the engine fixed, so all engines share exactly this code.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Iterator
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from .audio.source import AudioSource, as_fraction, frame_sample, frames_for_samples
+from .avatar.packet import Packet
+from .compose.banner import random_weights_banner
+from .compose.colour import nv12_to_rgb
+from .compose.splice import splice_nv12
+from .engines.base import AvatarLayer, Engine, pingpong_index
+
+Output = Literal["nv12", "rgb"]
+_DONE = object()
+
+
+class BackgroundFrames:
+    """An avatar's NV12 frames where the renderer needs them.
+
+    On CUDA the whole loop is uploaded once (a 268-frame 1080x1920 loop is 0.8 GB) so each chunk
+    gathers on the GPU; on the CPU the memory map is indexed directly (no upload, no copy)."""
+
+    def __init__(self, packet: Packet, device: torch.device):
+        frames = packet.tensor("frames_nv12")
+        self.device = device
+        self.frames = frames.to(device) if device.type != "cpu" else frames
+
+    def gather(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.frames.index_select(0, idx.to(self.frames.device)).to(self.device, non_blocking=True)
+
+
+class StreamSession:
+    """Per-stream state: one conditioner + driver + frame counter over a loaded avatar layer."""
+
+    def __init__(self, engine: Engine, layer: AvatarLayer, background: BackgroundFrames, fps: Fraction):
+        self.engine = engine
+        self.layer = layer
+        self.background = background
+        self.fps = fps
+        self.conditioner = engine.conditioner(float(fps))
+        self.driver = engine.driver(layer)
+        self.banner = random_weights_banner(layer.packet.size, layer.device) if engine.random_weights else None
+
+    def pump(self) -> None:
+        """Move whatever conditioning is ready into the driver."""
+        n = self.conditioner.ready
+        if n:
+            self.driver.push(self.conditioner.take(n))
+
+    @torch.inference_mode()
+    def render_frames(self, frame_start: int, driving: torch.Tensor, output: Output) -> torch.Tensor:
+        n = int(driving.shape[0])
+        dev = self.layer.device
+        idx = pingpong_index(torch.arange(frame_start, frame_start + n, device=dev), self.layer.n_frames)
+        rois = self.engine.render(self.layer, driving, idx)
+        bg = self.background.gather(idx)
+        frames = splice_nv12(bg, rois, self.layer.masks.index_select(0, idx), self.layer.origins.index_select(0, idx), out=bg)
+        if self.banner is not None:
+            self.banner.apply_(frames)
+        if output == "rgb":
+            frames = nv12_to_rgb(frames)
+        return frames
+
+    @torch.inference_mode()
+    def idle_frames(self, frame_start: int, n: int, output: Output) -> torch.Tensor:
+        """The avatar loop with a closed mouth (no speech), e.g. between utterances."""
+        driving = self.engine.idle_driving(n)
+        if driving is not None:
+            return self.render_frames(frame_start, driving, output)
+        idx = pingpong_index(torch.arange(frame_start, frame_start + n, device=self.layer.device), self.layer.n_frames)
+        frames = self.background.gather(idx).clone()
+        if self.banner is not None:
+            self.banner.apply_(frames)
+        return nv12_to_rgb(frames) if output == "rgb" else frames
+
+
+def resolve_engine(engine: str | Engine, device: str | torch.device | None = None, **kwargs: Any) -> Engine:
+    if isinstance(engine, Engine):
+        return engine
+    from .engines.registry import create_engine
+
+    return create_engine(engine, device=device or default_device(), **kwargs)
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_avatar(avatar: str | os.PathLike[str] | Packet) -> Packet:
+    if isinstance(avatar, Packet):
+        return avatar
+    from .avatar.store import resolve_avatar as _resolve
+
+    return _resolve(avatar)
+
+
+def stream_generator(
+    engine: str | Engine,
+    avatar: str | os.PathLike[str] | Packet,
+    audio: Any,
+    fps: float = 25,
+    chunk_frames: int = 8,
+    output: Output = "nv12",
+    device: str | torch.device | None = None,
+    *,
+    keep_on_device: bool = False,
+    sample_rate: int | None = None,
+    prefetch: int = 2,
+) -> Iterator[dict[str, Any]]:
+    """Stream lip-synced frames chunk by chunk (see the module docstring for the chunk dict).
+
+    audio: a path, an `Audio`, an (array, sample_rate) pair, or an iterator of PCM chunks
+    (numpy arrays with `sample_rate=`, or `Audio` objects) arriving live; with an iterator the
+    first chunk is yielded as soon as enough audio for it has arrived.
+    """
+    if output not in ("nv12", "rgb"):
+        raise ValueError(f"output must be 'nv12' or 'rgb', got {output!r}")
+    if chunk_frames < 1:
+        raise ValueError("chunk_frames must be >= 1")
+    eng = resolve_engine(engine, device)
+    packet = resolve_avatar(avatar)
+    layer = eng.load_avatar(packet)
+    background = background_for(eng, packet)
+    fr = as_fraction(fps)
+    source = AudioSource(audio, eng.sample_rate, sample_rate=sample_rate)
+    session = StreamSession(eng, layer, background, fr)
+    return _run(session, source, fr, chunk_frames, output, keep_on_device, prefetch)
+
+
+def background_for(engine: Engine, packet: Packet) -> BackgroundFrames:
+    """Background frames cached on the engine per packet (shared by all its sessions)."""
+    cache: dict[str, BackgroundFrames] = engine.__dict__.setdefault("_background_cache", {})
+    key = str(Path(packet.path).resolve())
+    if key not in cache:
+        cache[key] = BackgroundFrames(packet, engine.device)
+    return cache[key]
+
+
+def _run(session: StreamSession, source: AudioSource, fps: Fraction, chunk_frames: int, output: Output, keep_on_device: bool, prefetch: int) -> Iterator[dict[str, Any]]:
+    q: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
+    stop = threading.Event()
+    worker = threading.Thread(target=_produce, args=(session, source, fps, chunk_frames, output, keep_on_device, q, stop), daemon=True, name="newsstudio-render")
+    worker.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _DONE:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            if isinstance(item.get("_event"), torch.cuda.Event):
+                item.pop("_event").synchronize()
+            item.pop("_event", None)
+            yield item
+    finally:
+        stop.set()
+        while worker.is_alive():
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                worker.join(timeout=0.05)
+
+
+def _put(q: queue.Queue, item: Any, stop: threading.Event) -> bool:
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _produce(session: StreamSession, source: AudioSource, fps: Fraction, chunk_frames: int, output: Output, keep_on_device: bool, q: queue.Queue, stop: threading.Event) -> None:
+    try:
+        torch.set_num_threads(max(1, torch.get_num_threads()))
+        frame_start = 0
+        chunk_idx = 0
+        total: int | None = None
+        cond = session.conditioner
+        drv = session.driver
+        sr = source.sample_rate
+        dev = session.layer.device
+        copy_stream = torch.cuda.Stream(device=dev) if dev.type == "cuda" else None
+        while not stop.is_set():
+            # Feed audio until a full chunk is ready or the input has ended.
+            while drv.ready < chunk_frames and total is None:
+                block = source.pull()
+                if block is not None and block.size:
+                    cond.push(block)
+                if source.exhausted:
+                    cond.close()
+                    session.pump()
+                    drv.close()
+                    total = frames_for_samples(source.n_samples, sr, fps)
+                    if total == 0:
+                        raise ValueError("the audio is empty (0 samples)")
+                session.pump()
+            available = drv.ready
+            remaining = None if total is None else total - frame_start
+            if remaining is not None and remaining <= 0:
+                break
+            n = min(chunk_frames, available) if remaining is None else min(chunk_frames, remaining)
+            if n <= 0:
+                break
+            if n > available:  # engine produced fewer frames than the audio spans: hold the last
+                driving = drv.take(available) if available else None
+                driving = _pad_driving(driving, n, session)
+            else:
+                driving = drv.take(n)
+            frames = session.render_frames(frame_start, driving, output)
+            is_last = total is not None and frame_start + n >= total
+            a0 = frame_sample(frame_start, sr, fps)
+            a1 = source.n_samples if is_last else frame_sample(frame_start + n, sr, fps)
+            item: dict[str, Any] = {
+                "chunk_idx": chunk_idx,
+                "frame_start": frame_start,
+                "num_frames": n,
+                "is_last": is_last,
+                "audio": np.ascontiguousarray(source.original(a0, a1)),
+                "sample_rate": sr,
+                "audio_start": a0,
+                "pts": (np.arange(frame_start, frame_start + n, dtype=np.float64) * float(1 / fps)),
+            }
+            if keep_on_device or dev.type == "cpu":
+                item["frames"] = frames
+            else:
+                host = torch.empty(frames.shape, dtype=frames.dtype, pin_memory=True)
+                assert copy_stream is not None
+                copy_stream.wait_stream(torch.cuda.current_stream(dev))
+                with torch.cuda.stream(copy_stream):
+                    host.copy_(frames, non_blocking=True)
+                    frames.record_stream(copy_stream)
+                    ev = torch.cuda.Event()
+                    ev.record(copy_stream)
+                item["frames"] = host
+                item["_event"] = ev
+            source.release_before(a0)
+            if not _put(q, item, stop):
+                return
+            frame_start += n
+            chunk_idx += 1
+            if is_last:
+                break
+        _put(q, _DONE, stop)
+    except BaseException as e:  # surfaced to the consumer
+        _put(q, e, stop)
+
+
+def _pad_driving(driving: torch.Tensor | None, n: int, session: StreamSession) -> torch.Tensor:
+    if driving is None or driving.shape[0] == 0:
+        idle = session.engine.idle_driving(n)
+        if idle is None:
+            raise RuntimeError("engine produced no driving frames for the audio")
+        return idle
+    pad = driving[-1:].expand(n - driving.shape[0], *driving.shape[1:])
+    return torch.cat([driving, pad])
+
+
+def stream_classic_generator(avatar: Any, audio: Any, fps: float = 25, **kw: Any) -> Iterator[dict[str, Any]]:
+    """`stream_generator` with the weight-free classic engine."""
+    return stream_generator(kw.pop("engine", "classic"), avatar, audio, fps, **kw)
+
+
+def stream_musetalk_generator(avatar: Any, audio: Any, fps: float = 25, **kw: Any) -> Iterator[dict[str, Any]]:
+    """`stream_generator` with MuseTalk."""
+    return stream_generator(kw.pop("engine", "musetalk"), avatar, audio, fps, **kw)
+
+
+def stream_ditto_generator(avatar: Any, audio: Any, fps: float = 25, **kw: Any) -> Iterator[dict[str, Any]]:
+    """`stream_generator` with Ditto."""
+    return stream_generator(kw.pop("engine", "ditto"), avatar, audio, fps, **kw)
