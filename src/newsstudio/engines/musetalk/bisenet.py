@@ -165,7 +165,7 @@ def normalize_rgb(image_rgb, device: torch.device | str | None = None, dtype: to
     Same order of operations as torchvision ``ToTensor`` + ``Normalize``: ``/255`` in float32,
     then ``(x - mean) / std``.
     """
-    x = torch.as_tensor(np.asarray(image_rgb) if not isinstance(image_rgb, torch.Tensor) else image_rgb)
+    x = image_rgb if isinstance(image_rgb, torch.Tensor) else torch.from_numpy(np.array(image_rgb, dtype=np.uint8))
     if device is not None:
         x = x.to(device)
     if x.ndim == 3:
