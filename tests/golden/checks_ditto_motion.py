@@ -120,7 +120,75 @@ def check_lmdm_ddim(t: dict, meta: dict) -> None:
     _check_all_compared(t, compared)
 
 
+# -- motion stitching ----------------------------------------------------------------------------
+
+
+def check_motion_stitch(t: dict, meta: dict) -> None:
+    from newsstudio.engines.ditto.motion_stitch import (
+        MotionStitchConfig, MotionStitcher, motion_rows_to_info, source_kp_cond,
+    )
+
+    sk = dict(meta["setup_kwargs"])
+    n = int(meta["num_frames"])
+    assert sk.get("ch_info") is None and sk.get("d0") is None
+    eye_arr = sk.get("delta_eye_arr")
+    if isinstance(eye_arr, str):  # a reference to an input tensor of the case
+        eye_arr = t[eye_arr]
+    cfg = MotionStitchConfig(
+        N_d=int(sk["N_d"]),
+        use_d_keys=sk["use_d_keys"],
+        relative_d=bool(sk["relative_d"]),
+        drive_eye=sk["drive_eye"],
+        delta_eye_arr=eye_arr,
+        delta_eye_open_n=sk["delta_eye_open_n"],
+        fade_out_keys=tuple(sk["fade_out_keys"]),
+        fade_type=sk["fade_type"],
+        flag_stitching=bool(sk["flag_stitching"]),
+        is_image_flag=bool(sk["is_image_flag"]),
+        overall_ctrl_info=dict(sk["overall_ctrl_info"] or {}),
+    )
+    x_s_info = {k[len("in.x_s_info."):]: v for k, v in t.items() if k.startswith("in.x_s_info.")}
+    stitcher = MotionStitcher(_stitching_net(int(meta["weight_salt"])))
+    stitcher.setup(cfg, x_s_info=x_s_info)
+    stitcher.set_Nd(int(meta["set_Nd"]))
+    per_frame = {int(k): v for k, v in meta["per_frame_ctrl_kwargs"].items()}
+    ctrl = [per_frame.get(i, {}) for i in range(n)]
+    x_d_info = motion_rows_to_info(t["in.motion_seq"])
+    assert x_d_info["exp"].shape[0] == n
+
+    # feed the frames in two blocks to exercise the carried state (d0, fade target, blink counter)
+    cut = max(1, n // 3)
+    video = not cfg.is_image_flag
+    parts = []
+    for a, b in ((0, cut), (cut, n)):
+        src = {k: v[a:b] for k, v in x_s_info.items()} if video else x_s_info
+        parts.append(stitcher({k: v for k, v in src.items()}, {k: v[a:b] for k, v in x_d_info.items()}, ctrl[a:b]))
+    cat = lambda f: torch.cat([f(p) for p in parts])  # noqa: E731
+    shp = t["out.x_d"].shape
+    checks = {
+        "out.x_s": cat(lambda p: p.x_s.expand(p.x_d.shape[0], -1, -1)).reshape(shp),
+        "out.x_d_before_stitch": cat(lambda p: p.x_d_before_stitch).reshape(shp),
+        "out.x_d": cat(lambda p: p.x_d).reshape(shp),
+        "out.kp_cond_from_source": source_kp_cond(x_s_info),
+    }
+    for k in ("pitch", "yaw", "roll"):
+        checks[f"out.x_d_info_final.{k}_deg"] = cat(lambda p, k=k: p.x_d_info[k]).reshape(n, 1)
+    for k in ("t", "exp", "scale", "kp"):
+        ref = t[f"out.x_d_info_final.{k}"]
+        checks[f"out.x_d_info_final.{k}"] = cat(lambda p, k=k: p.x_d_info[k]).reshape(ref.shape)
+    for name, val in checks.items():
+        assert_close(name, val, t[name], 1e-6 if name == "out.kp_cond_from_source" else 1e-4)
+    compared = set(checks)
+    if "out.delta_eye_idx" in t:
+        assert torch.equal(torch.tensor(stitcher.blink_idx, dtype=torch.int64), t["out.delta_eye_idx"]), stitcher.blink_idx
+        used = [i for p in parts for i in p.blink_idx]
+        assert used == [stitcher.blink_idx[i % len(stitcher.blink_idx)] for i in range(n)]
+        compared.add("out.delta_eye_idx")
+    _check_all_compared(t, compared)
+
+
 CHECKS = {
+    "motion_stitch": check_motion_stitch,
     "stitching_network": check_stitching_network,
     "lmdm_denoiser": check_lmdm_denoiser,
     "lmdm_ddim": check_lmdm_ddim,
