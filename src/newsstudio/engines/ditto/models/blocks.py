@@ -210,14 +210,18 @@ class SpectralNormConv2d(nn.Module):
                 u.copy_(F.normalize(torch.mv(w_mat, v), dim=0, eps=self.eps))
 
     def effective_weight(self) -> torch.Tensor:
-        """weight_orig / sigma (power iteration first, in place, only in training mode)."""
+        """weight_orig / sigma (power iteration first, in place, only in training mode).
+
+        sigma is computed in at least float32, so half-precision copies of the module keep an
+        accurate normalisation; the result has weight_orig's dtype."""
         w_mat = self.weight_orig.reshape(self.out_channels, -1)
         if self.training:
             self._power_iteration_(w_mat)
-        u = self.weight_u.clone()
-        v = self.weight_v.clone()
-        sigma = torch.dot(u, torch.mv(w_mat, v))
-        return self.weight_orig / sigma
+        acc = torch.promote_types(self.weight_orig.dtype, torch.float32)
+        u = self.weight_u.to(acc)
+        v = self.weight_v.to(acc)
+        sigma = torch.dot(u, torch.mv(w_mat.to(acc), v))
+        return (self.weight_orig.to(acc) / sigma).to(self.weight_orig.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.effective_weight().to(x.dtype)
