@@ -8,7 +8,7 @@ RGB crops, feathered masks), and, on request, each engine's own tensors (the eng
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from ..compose.colour import rgb_to_nv12
 from ..media.image import is_image_path, read_image
 from ..media.video import iter_video_frames, probe_video
 from .geometry import lower_face_mask, lower_face_roi, make_framing
-from .landmarks import detect_sequence, get_backend
+from .landmarks import NoFaceError, detect_sequence, get_backend
 from .packet import Packet, PacketWriter
 from .store import packet_dir, source_digest, validate_id
 
@@ -63,7 +63,14 @@ def prebake(
     w, h = framing.out_size
 
     backend = get_backend(landmarks)
-    faces = detect_sequence(_progress(frames_src, "landmarks", progress), policy=no_face, backend=backend, video=not photo)
+    if photo:
+        face = backend.detect(frames_src[0])
+        if face is None:
+            raise NoFaceError(f"no face found in {src.name}", [0], 1)
+        faces = [face]
+    else:
+        frames_iter = tqdm(frames_src, desc="landmarks", unit="f", disable=not progress, leave=False)
+        faces = detect_sequence(frames_iter, policy=no_face, backend=backend, fps=fps)
     lm68 = np.stack([framing.points(f.lm68) for f in faces]).astype(np.float32)
     mesh = np.stack([framing.points(f.mesh) for f in faces]).astype(np.float32)
     boxes = np.stack([framing.points(np.asarray(f.box, np.float32).reshape(2, 2)).reshape(4) for f in faces]).astype(np.float32)
@@ -110,8 +117,3 @@ def prebake(
         eng = create_engine(name, device="cpu", **(engine_kwargs or {}))
         packet = eng.prebake(packet, progress=progress)
     return packet
-
-
-def _progress(frames: Iterable[np.ndarray], desc: str, enabled: bool) -> list[np.ndarray]:
-    frames = list(frames)
-    return list(tqdm(frames, desc=desc, unit="f", disable=not enabled or len(frames) < 2, leave=False))

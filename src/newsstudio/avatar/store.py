@@ -48,7 +48,12 @@ def cached_id_for(source: Path) -> str:
 
 
 def resolve_avatar(ref: str | os.PathLike[str], root: str | os.PathLike[str] | None = None, **prebake_kw) -> Packet:
-    """Open an avatar given as a packet folder, an id under the root, or a source media file."""
+    """Open an avatar given as a packet folder, an id under the root, a source media file, or a
+    built-in demo face (`builtin:astronaut`)."""
+    from ..builtin import builtin_image, is_builtin
+
+    if is_builtin(ref):
+        ref = builtin_image(str(ref), avatars_root(root) / ".sources")
     p = Path(ref)
     if p.is_dir():
         return open_packet(p)

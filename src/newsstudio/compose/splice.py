@@ -80,7 +80,8 @@ def splice_nv12(
     dev = background.device
     idx_y, idx_uv = roi_flat_indices(origins.to(dev), (hr, wr), (h, w))
     flat = out.view(b, -1)
-    y, uv = rgb_to_yuv_planes(roi_rgb.float(), matrix=matrix, full_range=full_range)
+    rgb = roi_rgb if roi_rgb.dtype == torch.uint8 else roi_rgb.float() * (1.0 / 255.0)  # colour takes floats in [0, 1]
+    y, uv = rgb_to_yuv_planes(rgb, matrix=matrix, full_range=full_range)
     m = mask.to(dev, torch.float32)
     m_uv = F.avg_pool2d(m.unsqueeze(1), 2).squeeze(1)  # (B, Hr/2, Wr/2)
     m_uv = m_uv.unsqueeze(-1).expand(-1, -1, -1, 2).reshape(b, -1)

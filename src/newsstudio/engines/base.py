@@ -136,6 +136,10 @@ class Engine(ABC):
         frame_idx: (B,) source-frame index of each output frame (ping-pong already applied).
         """
 
+    def prebake(self, packet: Packet, progress: bool = True) -> Packet:
+        """Add this engine's precomputed tensors to the packet (no-op when present)."""
+        return packet
+
     def idle_driving(self, n: int) -> torch.Tensor | None:
         """Driving signal for `n` silent frames, or None to show the avatar frames unchanged."""
         return None

@@ -92,27 +92,30 @@ def backward_field(src: torch.Tensor, dst: torch.Tensor, hw: tuple[int, int]) ->
     system = torch.cat([top, bot], 1)
     rhs = torch.cat([v, torch.zeros(b, 3, 2, device=dev, dtype=dt)], 1)
     coef = torch.linalg.solve(system, rhs)  # (B, K+3, 2)
-    hc, wc = (h + COARSE - 1) // COARSE + 1, (w + COARSE - 1) // COARSE + 1
-    gy, gx = torch.meshgrid(torch.arange(hc, device=dev, dtype=dt) * COARSE, torch.arange(wc, device=dev, dtype=dt) * COARSE, indexing="ij")
+    step = max(COARSE, int(max(h, w)) // 96)
+    hc, wc = (h + step - 1) // step + 1, (w + step - 1) // step + 1
+    gy, gx = torch.meshgrid(torch.arange(hc, device=dev, dtype=dt) * step, torch.arange(wc, device=dev, dtype=dt) * step, indexing="ij")
     q = torch.stack([gx, gy], -1).reshape(1, -1, 2) / scale
-    rq = (q[:, :, None, :] - c[:, None, :, :]).pow(2).sum(-1)
+    # |q - c|^2 = |q|^2 + |c|^2 - 2 q.c as one matrix product (no (B, Nq, K, 2) temporary)
+    rq = ((q * q).sum(-1, keepdim=True) + (c * c).sum(-1).unsqueeze(1) - 2 * q @ c.transpose(1, 2)).clamp_min(0)
     disp = _tps_kernel(rq) @ coef[:, :k] + coef[:, k : k + 1] + q @ coef[:, k + 1 :]
     disp = disp.reshape(b, hc, wc, 2).permute(0, 3, 1, 2) * scale
-    full = F.interpolate(disp, size=((hc - 1) * COARSE + 1, (wc - 1) * COARSE + 1), mode="bilinear", align_corners=True)[:, :, :h, :w]
+    full = F.interpolate(disp, size=((hc - 1) * step + 1, (wc - 1) * step + 1), mode="bilinear", align_corners=True)[:, :, :h, :w]
     ys, xs = torch.meshgrid(torch.arange(h, device=dev, dtype=dt), torch.arange(w, device=dev, dtype=dt), indexing="ij")
     base = torch.stack([xs, ys], 0).unsqueeze(0)
     return (base + full).permute(0, 2, 3, 1)
 
 
-def _inside_polygon(poly: torch.Tensor, hw: tuple[int, int]) -> torch.Tensor:
-    """Soft (B, H, W) coverage of closed polygons (B, P, 2): 2x2 supersampled crossing test."""
-    h, w = hw
+def _inside_polygon(poly: torch.Tensor, hw: tuple[int, int], box: tuple[int, int, int, int]) -> torch.Tensor:
+    """Soft coverage of closed polygons (B, P, 2) inside `box` = (x0, y0, x1, y1): a 2x2
+    supersampled crossing test evaluated only over the box (the mouth), (B, y1-y0, x1-x0)."""
+    x0, y0, x1, y1 = box
     dev = poly.device
-    acc = torch.zeros(poly.shape[0], h, w, device=dev)
+    acc = torch.zeros(poly.shape[0], y1 - y0, x1 - x0, device=dev)
     for oy in (0.25, 0.75):
         for ox in (0.25, 0.75):
-            ys = torch.arange(h, device=dev, dtype=torch.float32).view(1, h, 1, 1) + oy - 0.5
-            xs = torch.arange(w, device=dev, dtype=torch.float32).view(1, 1, w, 1) + ox - 0.5
+            ys = torch.arange(y0, y1, device=dev, dtype=torch.float32).view(1, -1, 1, 1) + oy - 0.5
+            xs = torch.arange(x0, x1, device=dev, dtype=torch.float32).view(1, 1, -1, 1) + ox - 0.5
             a = poly.view(-1, 1, 1, poly.shape[1], 2)
             bpt = torch.roll(a, -1, dims=3)
             ay, by = a[..., 1], bpt[..., 1]
@@ -142,7 +145,12 @@ def warp_mouth(roi: torch.Tensor, lm: torch.Tensor, params: torch.Tensor) -> tor
 
     # Paint the interior of the new (target) inner-lip polygon.
     inner = dst[:, [60, 61, 62, 63, 64, 65, 66, 67]]
-    cover = _inside_polygon(inner, (h, w))
+    lo = inner.amin(dim=(0, 1)).floor().long().tolist()
+    hi = inner.amax(dim=(0, 1)).ceil().long().tolist()
+    box = (max(0, lo[0] - 2), max(0, lo[1] - 2), min(w, hi[0] + 3), min(h, hi[1] + 3))
+    cover = torch.zeros(b, h, w, device=dev)
+    if box[2] > box[0] and box[3] > box[1]:
+        cover[:, box[1] : box[3], box[0] : box[2]] = _inside_polygon(inner, (h, w), box)
     brow = lm[:, 17:27].mean(1)
     fh = (lm[:, 8] - brow).norm(dim=-1)
     gap = (dst[:, list(LOWER_INNER), 1] - dst[:, list(UPPER_INNER), 1]).mean(1)

@@ -1,0 +1,292 @@
+"""`newsstudio` command line: prebake avatars, render clips, stream, manage weights, serve."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Lip-synced talking-head video from an avatar and speech.")
+avatar_app = typer.Typer(no_args_is_help=True, help="Inspect and check avatar packets.")
+weights_app = typer.Typer(no_args_is_help=True, help="Official model weights: check what is present, fetch what is missing.")
+app.add_typer(avatar_app, name="avatar")
+app.add_typer(weights_app, name="weights")
+
+AvatarsOpt = typer.Option(None, "--avatars", help="Avatars folder (default $NEWSSTUDIO_AVATARS or ./avatars).")
+ModelsOpt = typer.Option(None, "--models", help="Models folder in the official layout (default $NEWSSTUDIO_MODELS or ./models).")
+
+
+def _size(value: Optional[str]) -> Optional[tuple[int, int]]:
+    if not value:
+        return None
+    try:
+        w, h = (int(v) for v in value.lower().split("x"))
+    except ValueError:
+        raise typer.BadParameter(f"size must look like 1080x1920, got {value!r}") from None
+    return w, h
+
+
+def _fail(msg: str) -> None:
+    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+@app.command()
+def prebake(
+    source: str = typer.Argument(..., help="Presenter video loop or portrait photo (or builtin:astronaut)."),
+    id: str = typer.Option(..., "--id", help="Avatar id (letters, digits, _ and -)."),
+    size: Optional[str] = typer.Option(None, help="Output WxH, e.g. 1080x1920 (default: source size)."),
+    fit: str = typer.Option("cover", help="cover: fill and crop; contain: fit inside with bars."),
+    max_frames: int = typer.Option(750, help="Use at most this many frames of a video loop."),
+    engines: str = typer.Option("", help="Also precompute engine tensors, e.g. musetalk,ditto."),
+    weights: str = typer.Option("official", help="Weights for engine tensors: official or random."),
+    models: Optional[Path] = ModelsOpt,
+    avatars: Optional[Path] = AvatarsOpt,
+) -> None:
+    """Build an avatar packet (atomic; progress on stderr)."""
+    from .avatar.prebake import prebake as run
+    from .builtin import builtin_image, is_builtin
+    from .avatar.store import avatars_root
+
+    src = builtin_image(source, avatars_root(avatars) / ".sources") if is_builtin(source) else Path(source)
+    t0 = time.perf_counter()
+    try:
+        eng = [e for e in engines.split(",") if e]
+        packet = run(src, id, root=avatars, size=_size(size), fit=fit, max_frames=max_frames, engines=eng, engine_kwargs={"weights": weights, "models": models})
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    typer.echo(f"avatar {packet.id}: {packet.n_frames} frames {packet.size[0]}x{packet.size[1]} -> {packet.path} ({time.perf_counter() - t0:.1f} s)")
+
+
+@avatar_app.command("info")
+def avatar_info(ref: str, avatars: Optional[Path] = AvatarsOpt, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Print an avatar's geometry and stored arrays."""
+    from .avatar.packet import PacketError
+    from .avatar.store import resolve_avatar
+
+    try:
+        p = resolve_avatar(ref, avatars) if not Path(ref).is_file() else None
+    except (PacketError, ValueError) as e:
+        _fail(str(e))
+    if p is None:
+        _fail(f"{ref} is a media file, not an avatar; prebake it first")
+    if as_json:
+        typer.echo(json.dumps(p.manifest, indent=1))
+        return
+    m = p.meta
+    roi = m.get("roi", {}).get("size")
+    typer.echo(f"id        {p.id}\npath      {p.path}\nkind      {m.get('kind')} ({m.get('source', {}).get('name')})")
+    typer.echo(f"frames    {p.n_frames} @ {p.fps:g} fps, {m.get('cycle')} loop\nsize      {p.size[0]}x{p.size[1]} ({m.get('colour', {}).get('layout')}, {m.get('colour', {}).get('matrix')} {m.get('colour', {}).get('range')})")
+    typer.echo(f"roi       {roi[0]}x{roi[1]}" if roi else "roi       -")
+    typer.echo(f"engines   {', '.join(sorted(p.manifest.get('engines', {}))) or '-'}")
+    total = 0
+    for name in p.names():
+        s = p.specs[name]
+        total += s.nbytes
+        typer.echo(f"  {name:<28} {str(tuple(s.shape)):<24} {s.dtype:<5} {s.nbytes / 1e6:10.2f} MB")
+    typer.echo(f"total     {total / 1e6:.1f} MB")
+
+
+@avatar_app.command("verify")
+def avatar_verify(ref: str, avatars: Optional[Path] = AvatarsOpt) -> None:
+    """Check every file of a packet against its manifest checksums."""
+    from .avatar.packet import PacketError
+    from .avatar.store import resolve_avatar
+
+    t0 = time.perf_counter()
+    try:
+        p = resolve_avatar(ref, avatars)
+        p.verify()
+    except (PacketError, ValueError) as e:
+        _fail(str(e))
+    typer.echo(f"avatar {p.id}: OK ({len(p.specs)} files, {sum(s.nbytes for s in p.specs.values()) / 1e6:.1f} MB, {time.perf_counter() - t0:.2f} s)")
+
+
+@avatar_app.command("list")
+def avatar_list(avatars: Optional[Path] = AvatarsOpt) -> None:
+    """List the avatars under the avatars folder."""
+    from .avatar.packet import PacketError, open_packet
+    from .avatar.store import avatars_root, iter_packets
+
+    root = avatars_root(avatars)
+    found = False
+    for d in iter_packets(root):
+        found = True
+        try:
+            p = open_packet(d)
+            typer.echo(f"{p.id:<24} {p.meta.get('kind'):<6} {p.n_frames:5d} frames {p.size[0]}x{p.size[1]}  engines: {', '.join(sorted(p.manifest.get('engines', {}))) or '-'}")
+        except PacketError as e:
+            typer.echo(f"{d.name:<24} BROKEN: {e}")
+    if not found:
+        typer.echo(f"no avatars under {root}")
+
+
+def _engine(engine: str, device: Optional[str], weights: str, models: Optional[Path]):
+    from .engines.registry import create_engine, default_engine
+    from .stream import default_device
+
+    name = default_engine(models) if engine == "auto" else engine
+    kw = {} if name == "classic" else {"weights": weights, "models": models}
+    eng = create_engine(name, device=device or default_device(), **kw)
+    if eng.random_weights:
+        typer.secho("WARNING: rendering with SEEDED RANDOM WEIGHTS (benchmark mode); the video is marked and is not a real model's output.", fg=typer.colors.YELLOW, err=True)
+    return eng
+
+
+@app.command()
+def render(
+    avatar: str = typer.Option(..., help="Avatar id, packet folder, source video/photo, or builtin:astronaut."),
+    audio: str = typer.Option(..., help="Speech file (wav/mp3/m4a/flac/...), or builtin:hello."),
+    output: Path = typer.Option(..., "-o", "--output", help="Output .mp4 (written atomically)."),
+    engine: str = typer.Option("auto", help="classic, musetalk, ditto, or auto (first neural engine with weights, else classic)."),
+    fps: float = typer.Option(25.0, help="Output frame rate."),
+    size: Optional[str] = typer.Option(None, help="Output WxH when the avatar is prebaked on the fly."),
+    device: Optional[str] = typer.Option(None, help="cpu, cuda, cuda:1 ... (default: cuda if available)."),
+    weights: str = typer.Option("official", help="official (from --models) or random (seeded; benchmarks only)."),
+    models: Optional[Path] = ModelsOpt,
+    avatars: Optional[Path] = AvatarsOpt,
+    chunk: int = typer.Option(16, help="Frames per batch."),
+    crf: int = typer.Option(18, help="H.264 quality (lower is better)."),
+) -> None:
+    """Render a lip-synced MP4 (H.264 + AAC) of the avatar speaking the audio."""
+    from tqdm import tqdm
+
+    from .avatar.packet import PacketError
+    from .avatar.store import resolve_avatar
+    from .builtin import builtin_audio, is_builtin
+    from .media.audio import load_audio
+    from .media.errors import MediaError
+    from .media.mp4_writer import Mp4Writer
+    from .stream import stream_generator
+
+    t0 = time.perf_counter()
+    try:
+        audio_path = builtin_audio(audio) if is_builtin(audio) else Path(audio)
+        sound = load_audio(audio_path)
+        packet = resolve_avatar(avatar, avatars, size=_size(size))
+        t_avatar = time.perf_counter()
+        eng = _engine(engine, device, weights, models)
+        t_engine = time.perf_counter()
+        w, h = packet.size
+        total = int(-(-sound.samples.shape[1] * fps // sound.sample_rate))
+        n = 0
+        first = None
+        with Mp4Writer(output, w, h, fps, audio=sound, crf=crf, pixel_input="nv12") as writer:
+            bar = tqdm(total=total, unit="f", desc=f"render {eng.name}", file=sys.stderr)
+            t_start = time.perf_counter()
+            for ch in stream_generator(eng, packet, sound, fps=fps, chunk_frames=chunk, output="nv12"):
+                if first is None:
+                    first = time.perf_counter() - t_start
+                writer.write(ch["frames"])
+                n += ch["num_frames"]
+                bar.update(ch["num_frames"])
+            bar.close()
+            t_render = time.perf_counter() - t_start
+    except (PacketError, MediaError, ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    t_all = time.perf_counter() - t0
+    typer.echo(
+        f"wrote {output}: {n} frames {w}x{h} @ {fps:g} fps, {sound.duration_s:.2f} s audio | engine {eng.name} on {eng.device} | "
+        f"avatar {t_avatar - t0:.2f} s, engine load {t_engine - t_avatar:.2f} s, first frame {first * 1000 if first else 0:.0f} ms, "
+        f"render+encode {t_render:.2f} s ({n / max(t_render, 1e-9):.1f} fps), total {t_all:.2f} s"
+    )
+
+
+@app.command()
+def stream(
+    avatar: str = typer.Option(..., help="Avatar id, packet folder, or source file."),
+    audio: str = typer.Option(..., help="Speech file or builtin:hello."),
+    engine: str = typer.Option("auto"),
+    fps: float = typer.Option(25.0),
+    chunk: int = typer.Option(8),
+    device: Optional[str] = typer.Option(None),
+    weights: str = typer.Option("official"),
+    models: Optional[Path] = ModelsOpt,
+    avatars: Optional[Path] = AvatarsOpt,
+    live: bool = typer.Option(False, help="Feed the audio in real time (20 ms chunks) like a live source."),
+    output: str = typer.Option("nv12", help="nv12 or rgb"),
+) -> None:
+    """Run the streaming generator and print per-chunk timing (time to first frame, fps)."""
+    import numpy as np
+
+    from .avatar.store import resolve_avatar
+    from .builtin import builtin_audio, is_builtin
+    from .media.audio import Audio, load_audio
+    from .stream import stream_generator
+
+    sound = load_audio(builtin_audio(audio) if is_builtin(audio) else audio)
+    packet = resolve_avatar(avatar, avatars)
+    eng = _engine(engine, device, weights, models)
+    src: object = sound
+    if live:
+        step = sound.sample_rate // 50
+
+        def paced():
+            t = time.perf_counter()
+            for i in range(0, sound.samples.shape[1], step):
+                delay = t + i / sound.sample_rate - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                yield Audio(np.ascontiguousarray(sound.samples[:, i : i + step]), sound.sample_rate)
+
+        src = paced()
+    t0 = time.perf_counter()
+    n = 0
+    for ch in stream_generator(eng, packet, src, fps=fps, chunk_frames=chunk, output=output):
+        now = time.perf_counter() - t0
+        n += ch["num_frames"]
+        tag = "first" if ch["chunk_idx"] == 0 else ""
+        typer.echo(f"chunk {ch['chunk_idx']:4d} frames {ch['frame_start']:5d}+{ch['num_frames']:<3d} t={now * 1000:8.1f} ms  {n / now:7.1f} fps {tag}")
+    typer.echo(f"{n} frames in {time.perf_counter() - t0:.2f} s")
+
+
+@weights_app.command("check")
+def weights_check(models: Optional[Path] = ModelsOpt) -> None:
+    """Say which official weight files are present or missing."""
+    from .weights.catalog import check_all
+
+    ok = check_all(models, echo=typer.echo)
+    raise typer.Exit(0 if ok else 1)
+
+
+@weights_app.command("fetch")
+def weights_fetch(engine: str = typer.Argument(..., help="musetalk or ditto"), models: Optional[Path] = ModelsOpt) -> None:
+    """Download exactly the official files an engine needs (huggingface_hub)."""
+    from .weights.catalog import fetch
+
+    try:
+        fetch(engine, models, echo=typer.echo)
+    except (RuntimeError, ValueError) as e:
+        _fail(str(e))
+
+
+@app.command()
+def serve(
+    host: str = typer.Option("127.0.0.1"),
+    port: int = typer.Option(8000),
+    engine: str = typer.Option("auto", help="Default engine for sessions and jobs."),
+    device: Optional[str] = typer.Option(None),
+    weights: str = typer.Option("official"),
+    models: Optional[Path] = ModelsOpt,
+    avatars: Optional[Path] = AvatarsOpt,
+    max_sessions: int = typer.Option(8),
+) -> None:
+    """Start the HTTP/WebSocket/WebRTC server with the web page at /."""
+    import uvicorn
+
+    from .server.app import ServerConfig, create_app
+
+    cfg = ServerConfig(engine=engine, device=device, weights=weights, models=models, avatars=avatars, max_sessions=max_sessions)
+    uvicorn.run(create_app(cfg), host=host, port=port, log_level="info")
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

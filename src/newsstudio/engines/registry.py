@@ -1,0 +1,50 @@
+"""Engine names -> classes, and the choice of the default engine.
+
+Neural engines are imported lazily so `classic` starts fast and works without their
+dependencies' weights. The default is the first neural engine whose official weights are in
+the models folder, else `classic`.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .base import Engine
+
+ENGINES = ("classic", "musetalk", "ditto")
+
+
+def models_dir(path: str | os.PathLike[str] | None = None) -> Path:
+    return Path(path or os.environ.get("NEWSSTUDIO_MODELS", "models"))
+
+
+def create_engine(name: str, device: str | torch.device = "cpu", **kwargs: Any) -> Engine:
+    """Build an engine by name; neural engines take `models=DIR`, `weights="official"|"random"`."""
+    if name == "auto":
+        name = default_engine(kwargs.get("models"))
+    if name == "classic":
+        from .classic.engine import ClassicEngine
+
+        return ClassicEngine(device=device)
+    if name == "musetalk":
+        from .musetalk.engine import MuseTalkEngine
+
+        return MuseTalkEngine(device=device, **kwargs)
+    if name == "ditto":
+        from .ditto.engine import DittoEngine
+
+        return DittoEngine(device=device, **kwargs)
+    raise ValueError(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)} or 'auto'")
+
+
+def default_engine(models: str | os.PathLike[str] | None = None) -> str:
+    """`musetalk` or `ditto` when their official weights are present, else `classic`."""
+    root = models_dir(models)
+    if (root / "musetalkV15" / "unet.pth").is_file() and (root / "sd-vae").is_dir() and (root / "whisper").is_dir():
+        return "musetalk"
+    if (root / "ditto_pytorch" / "models" / "decoder.pth").is_file():
+        return "ditto"
+    return "classic"
