@@ -187,7 +187,100 @@ def check_motion_stitch(t: dict, meta: dict) -> None:
     _check_all_compared(t, compared)
 
 
+# -- wav2feat -----------------------------------------------------------------------------------
+
+_STANDIN_CACHE: dict[int, object] = {}
+
+
+def _hubert_standin(salt: int):
+    """The README's stand-in: transformers HubertModel with the manifest's config, seeded."""
+    import json
+
+    from golden.golden_io import GOLDEN_DIR
+    from newsstudio.engines.ditto.wav2feat import HubertEncoder
+
+    if salt not in _STANDIN_CACHE:
+        man = json.loads((GOLDEN_DIR / "ditto" / "manifest_HubertModel_standin.json").read_text())
+        cfg = {k: v for k, v in man["config"].items() if k not in ("transformers_version", "model_type")}
+        enc = HubertEncoder.from_config(attn_implementation="sdpa", **cfg)
+        fill_seeded_(enc.model, salt)
+        _STANDIN_CACHE[salt] = enc.eval()
+    return _STANDIN_CACHE[salt]
+
+
+def _replay_encoder(hidden: torch.Tensor, windows: torch.Tensor):
+    """Encoder that returns the stored stand-in output of each (exactly matching) window."""
+
+    def enc(w: torch.Tensor) -> torch.Tensor:
+        out = []
+        for row in w:
+            hit = [i for i in range(windows.shape[0]) if torch.equal(windows[i], row)]
+            assert hit, "window not among the reference windows"
+            out.append(hidden[hit[0]])
+        return torch.stack(out)
+
+    return enc
+
+
+def _check_wav2feat(t: dict, meta: dict, online: bool) -> None:
+    from newsstudio.engines.ditto import wav2feat as w2f
+
+    assert int(meta["sr"]) == w2f.SAMPLE_RATE
+    cs = tuple(int(c) for c in meta["chunksize"])
+    audio = t["in.audio"]
+    assert w2f.split_len(cs) == int(meta["split_len"])
+    if online:
+        wins = w2f.StreamingWav2Feat(lambda w: w, cs).windows_for(audio)
+    else:
+        wins, n_f = w2f.offline_windows(audio, cs)
+        assert n_f == int(meta["num_frames"])
+    assert torch.equal(wins, t["out.chunks"]), "windows differ"
+
+    model = _hubert_standin(int(meta["weight_salt"]))
+    memo: dict[bytes, torch.Tensor] = {}
+
+    def enc(w: torch.Tensor) -> torch.Tensor:  # the stand-in, one window per call, memoised
+        out = []
+        for row in w:
+            key = row.numpy().tobytes()
+            if key not in memo:
+                memo[key] = model(row[None])[0]
+            out.append(memo[key])
+        return torch.stack(out)
+
+    hidden = enc(wins)
+    assert_close("standin_hidden_per_chunk", hidden, t["out.standin_hidden_per_chunk"], 1e-4)
+
+    if online:
+        # stream the PCM in uneven pieces: the features must not depend on the chunking
+        s = w2f.StreamingWav2Feat(enc, cs, batch_size=1)
+        pieces, pos, step = [], 0, 1
+        while pos < audio.shape[0]:
+            step = step * 3 + 777
+            pieces.append(s.push(audio[pos : pos + step]))
+            pos += step
+        pieces.append(s.finish())
+        feat = torch.cat([p for p in pieces if p.numel()])
+        replay = w2f.wav2feat_online(audio, _replay_encoder(t["out.standin_hidden_per_chunk"], t["out.chunks"]), cs)
+    else:
+        feat = w2f.wav2feat_offline(audio, enc, cs)
+        replay = w2f.wav2feat_offline(audio, _replay_encoder(t["out.standin_hidden_per_chunk"], t["out.chunks"]), cs)
+    assert_close("feat", feat, t["out.feat"], 1e-4)
+    assert_close("feat (stored stand-in output)", replay, t["out.feat"], 1e-6)
+    _check_all_compared(t, {"out.chunks", "out.feat", "out.standin_hidden_per_chunk"})
+
+
+def check_wav2feat_offline(t: dict, meta: dict) -> None:
+    _check_wav2feat(t, meta, online=False)
+
+
+def check_wav2feat_online(t: dict, meta: dict) -> None:
+    _check_wav2feat(t, meta, online=True)
+
+
 CHECKS = {
+    "wav2feat_offline": check_wav2feat_offline,
+    "wav2feat_online": check_wav2feat_online,
     "motion_stitch": check_motion_stitch,
     "stitching_network": check_stitching_network,
     "lmdm_denoiser": check_lmdm_denoiser,
