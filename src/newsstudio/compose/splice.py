@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .colour import rgb_to_yuv_planes
+from .colour import rgb_to_yuv_planes, yuv_coefficients
 
 
 def roi_flat_indices(origins: torch.Tensor, roi_hw: tuple[int, int], frame_hw: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,19 +80,22 @@ def splice_nv12(
     dev = background.device
     idx_y, idx_uv = roi_flat_indices(origins.to(dev), (hr, wr), (h, w))
     flat = out.view(b, -1)
-    rgb = roi_rgb if roi_rgb.dtype == torch.uint8 else roi_rgb.float() * (1.0 / 255.0)  # colour takes floats in [0, 1]
-    y, uv = rgb_to_yuv_planes(rgb, matrix=matrix, full_range=full_range)
+    rgb = roi_rgb.float() * (1.0 / 255.0)  # colour functions take floats in [0, 1]
     m = mask.to(dev, torch.float32)
-    m_uv = F.avg_pool2d(m.unsqueeze(1), 2).squeeze(1)  # (B, Hr/2, Wr/2)
-    m_uv = m_uv.unsqueeze(-1).expand(-1, -1, -1, 2).reshape(b, -1)
+    y, _ = rgb_to_yuv_planes(rgb, matrix=matrix, full_range=full_range)
+    # Chroma blended exactly like "composite in RGB, then subsample": the block mean of
+    # m * roi (premultiplied) plus (1 - block mean of m) times the background chroma.
+    _, uv_pre = rgb_to_yuv_planes(rgb * m.unsqueeze(-1), matrix=matrix, full_range=full_range)
+    uv_off = yuv_coefficients(matrix, full_range).tensors(dev)[1][1:]
+    m_uv = F.avg_pool2d(m.unsqueeze(1), 2).squeeze(1).unsqueeze(-1)  # (B, Hr/2, Wr/2, 1)
 
     bg_y = flat.gather(1, idx_y).float()
     new_y = bg_y + m.reshape(b, -1) * (y.reshape(b, -1) - bg_y)
     flat.scatter_(1, idx_y, new_y.round_().clamp_(0, 255).to(torch.uint8))
 
-    bg_uv = flat.gather(1, idx_uv).float()
-    new_uv = bg_uv + m_uv * (uv.reshape(b, -1) - bg_uv)
-    flat.scatter_(1, idx_uv, new_uv.round_().clamp_(0, 255).to(torch.uint8))
+    bg_uv = flat.gather(1, idx_uv).float().view(b, hr // 2, wr // 2, 2)
+    new_uv = uv_pre + (1 - m_uv) * (bg_uv - uv_off)
+    flat.scatter_(1, idx_uv, new_uv.reshape(b, -1).round_().clamp_(0, 255).to(torch.uint8))
     return out
 
 
