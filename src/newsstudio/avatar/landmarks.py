@@ -355,6 +355,7 @@ class MediaPipeFaceMesh:
     refine_landmarks: use the attention model (478 points; better lips and eyes, ~+0.5 ms).
     small_face_fallback: when the mesh finds nothing in the full frame, locate faces with
         the full-range detector and fit the mesh in a crop (distant presenters).
+    Not thread-safe (MediaPipe graphs are stateful): use one instance per thread.
     min_cutoff, beta, d_cutoff: One-Euro settings of ``track`` (Hz; Hz per face height per
         second; Hz of the speed estimate). The defaults halve the frame-to-frame jitter of
         yongen.mp4 (second difference x0.49) while a 4 Hz lip motion of 0.03 face heights
