@@ -25,3 +25,17 @@ def media_path(name: str) -> Path:
 @pytest.fixture
 def media():
     return media_path
+
+
+@pytest.fixture(scope="session")
+def astronaut_packet(tmp_path_factory):
+    """A small avatar (256x256) prebaked once per test session from scikit-image's astronaut."""
+    from PIL import Image
+    from skimage import data
+
+    from newsstudio.avatar.prebake import prebake
+
+    root = tmp_path_factory.mktemp("avatars")
+    src = root / "astronaut.png"
+    Image.fromarray(data.astronaut()).resize((256, 256)).save(src)
+    return prebake(src, "astronaut", root=root, progress=False)

@@ -48,7 +48,8 @@ class ClassicEngine(Engine):
         return warp_mouth(roi, lm, driving.to(self.device))
 
     def idle_driving(self, n: int) -> torch.Tensor | None:
-        return None
+        """Closed mouth: the same shape silence gives inside speech, so idle and pauses match."""
+        return torch.zeros(n, N_PARAMS, device=self.device)
 
     @staticmethod
     def n_params() -> int:

@@ -1,0 +1,106 @@
+"""The streaming generator's contract, with the classic engine on CPU."""
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from newsstudio.media.audio import Audio
+from newsstudio.stream import stream_classic_generator, stream_generator
+
+
+def _speechlike(seconds: float, sr: int, channels: int = 1) -> np.ndarray:
+    t = np.arange(int(seconds * sr)) / sr
+    env = (np.sin(2 * np.pi * 3.0 * t) > 0).astype(np.float32)  # 3 Hz syllables
+    x = 0.3 * env * np.sin(2 * np.pi * 180 * t) * (1 + 0.5 * np.sin(2 * np.pi * 900 * t))
+    return np.stack([x * (1 - 0.1 * c) for c in range(channels)]).astype(np.float32)
+
+
+@pytest.mark.parametrize("fps,sr,seconds,chunk", [(25, 16000, 1.37, 8), (30, 48000, 1.0, 7), (29.97, 22050, 0.83, 5)])
+def test_chunk_contract(astronaut_packet, fps, sr, seconds, chunk):
+    pcm = _speechlike(seconds, sr, channels=2)
+    chunks = list(stream_classic_generator(astronaut_packet, (pcm, sr), fps=fps, chunk_frames=chunk))
+    w, h = astronaut_packet.size
+    expected_frames = math.ceil(pcm.shape[1] * fps / sr - 1e-9)
+    assert sum(c["num_frames"] for c in chunks) == expected_frames
+    assert [c["chunk_idx"] for c in chunks] == list(range(len(chunks)))
+    start = 0
+    for c in chunks:
+        assert set(c) >= {"chunk_idx", "frame_start", "num_frames", "frames", "is_last", "audio", "pts", "sample_rate"}
+        assert c["frame_start"] == start
+        start += c["num_frames"]
+        f = c["frames"]
+        assert f.dtype == torch.uint8 and f.device.type == "cpu"
+        assert tuple(f.shape) == (c["num_frames"], h * 3 // 2, w)
+        assert np.allclose(c["pts"], np.arange(c["frame_start"], start) / fps)
+        assert c["audio"].shape[0] == 2 and c["sample_rate"] == sr
+    assert [c["is_last"] for c in chunks].count(True) == 1 and chunks[-1]["is_last"]
+    audio = np.concatenate([c["audio"] for c in chunks], axis=1)
+    assert np.array_equal(audio, pcm), "audio slices must concatenate back to the input exactly"
+
+
+def test_rgb_output(astronaut_packet):
+    pcm = _speechlike(0.5, 16000)
+    chunks = list(stream_generator("classic", astronaut_packet, (pcm, 16000), fps=25, chunk_frames=4, output="rgb"))
+    w, h = astronaut_packet.size
+    assert all(tuple(c["frames"].shape[1:]) == (h, w, 3) for c in chunks)
+
+
+def test_live_iterator_yields_before_exhaustion(astronaut_packet):
+    sr = 16000
+    pcm = _speechlike(3.0, sr)[0]
+    consumed = {"n": 0}
+    first_chunk_seen = threading.Event()
+
+    def live():
+        for i in range(0, pcm.size, 320):  # 20 ms chunks
+            consumed["n"] = i + 320
+            if first_chunk_seen.is_set():
+                pass
+            time.sleep(0.002)
+            yield pcm[i : i + 320]
+
+    gen = stream_generator("classic", astronaut_packet, live(), fps=25, chunk_frames=4, sample_rate=sr)
+    first = next(gen)
+    first_chunk_seen.set()
+    assert first["frame_start"] == 0
+    assert consumed["n"] < pcm.size / 2, "the first chunk must come while most audio has not arrived"
+    rest = list(gen)
+    assert sum(c["num_frames"] for c in [first, *rest]) == math.ceil(pcm.size * 25 / sr)
+    assert rest[-1]["is_last"]
+
+
+def test_silence_keeps_the_avatar_still(astronaut_packet):
+    """Silence: no mouth motion at all (every frame identical for a photo avatar), and nothing
+    changes outside the face ROI. (The classic engine closes a mouth that is open in the source,
+    so the ROI itself may differ from the photo.)"""
+    pcm = np.zeros((1, 16000), np.float32)
+    chunks = list(stream_generator("classic", astronaut_packet, (pcm, 16000), fps=25, chunk_frames=8))
+    frames = torch.cat([c["frames"] for c in chunks])
+    assert (frames.int() - frames[:1].int()).abs().max() == 0, "the mouth moved during silence"
+    bg = astronaut_packet.tensor("frames_nv12")[0]
+    h = bg.shape[0] * 2 // 3
+    x0, y0 = astronaut_packet.array("roi/origins")[0]
+    rw, rh = astronaut_packet.meta["roi"]["size"]
+    outside = torch.ones(h, bg.shape[1], dtype=torch.bool)
+    outside[y0 : y0 + rh, x0 : x0 + rw] = False
+    assert torch.equal(frames[0, :h][outside], bg[:h][outside])
+
+
+def test_bad_inputs_are_clear(astronaut_packet):
+    with pytest.raises(ValueError, match="empty"):
+        list(stream_generator("classic", astronaut_packet, (np.zeros(0, np.float32), 16000)))
+    with pytest.raises(ValueError, match="output"):
+        stream_generator("classic", astronaut_packet, (np.zeros(100, np.float32), 16000), output="yuv")
+    with pytest.raises(ValueError, match="sample_rate"):
+        list(stream_generator("classic", astronaut_packet, iter([np.zeros(100, np.float32)])))
+
+
+def test_consumer_can_stop_early(astronaut_packet):
+    gen = stream_generator("classic", astronaut_packet, Audio(_speechlike(2.0, 16000), 16000), chunk_frames=2)
+    next(gen)
+    gen.close()  # must not hang or leak the worker
