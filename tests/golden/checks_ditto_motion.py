@@ -278,7 +278,55 @@ def check_wav2feat_online(t: dict, meta: dict) -> None:
     _check_wav2feat(t, meta, online=True)
 
 
+# -- paste-back -----------------------------------------------------------------------------------
+
+
+def check_get_mask(t: dict, meta: dict) -> None:
+    from newsstudio.engines.ditto.putback import get_mask
+
+    for name, kw in meta["calls"].items():
+        ref = t[f"out.{name}"]
+        out = torch.from_numpy(get_mask(int(kw["W"]), int(kw["H"]), float(kw["ratio_w"]), float(kw["ratio_h"])))
+        assert out.shape == ref.shape and out.dtype == ref.dtype, f"{name}: {tuple(out.shape)} {out.dtype}"
+        d = (out - ref).abs().max().item()
+        assert d <= 1e-6, f"{name}: max |diff| {d:.3e}"
+    _check_all_compared(t, {f"out.{n}" for n in meta["calls"]})
+
+
+def check_putback(t: dict, meta: dict) -> None:
+    from newsstudio.engines.ditto.putback import PutBack, blend_numpy, blend_torch
+
+    frame = t["in.frame_rgb"].numpy()
+    render = t["in.render_image"].numpy()
+    m_c2o = t["in.M_c2o"].numpy()
+    size = render.shape[0]
+    assert torch.allclose(torch.linalg.inv(t["in.M_o2c"].double()).float(), t["in.M_c2o"], atol=1e-4)
+    pb = PutBack(crop_size=size)
+    mask_w, frame_w = pb.warp(frame.shape, render, m_c2o)
+    assert_close("mask_warped", torch.from_numpy(mask_w), t["out.mask_warped"], 1e-5)
+    assert_close("frame_warped", torch.from_numpy(frame_w), t["out.frame_warped"], 1e-5)
+    result = pb(frame, render, m_c2o)
+    assert result.dtype == frame.dtype
+    for name in ("result", "result_numpy_variant"):
+        assert_uint8_close(name, torch.from_numpy(result), t[f"out.{name}"], 1, 0.001)
+    # the blend alone, fed the reference's warped inputs, is exact (numpy and torch)
+    ref_blend = blend_numpy(t["out.mask_warped"].numpy(), t["out.frame_warped"].numpy(), frame)
+    assert_uint8_close("blend(reference warps)", torch.from_numpy(ref_blend), t["out.result"], 0, 0.0)
+    tb = blend_torch(t["out.mask_warped"], t["out.frame_warped"], t["in.frame_rgb"])
+    assert_uint8_close("blend_torch(reference warps)", tb, t["out.result"], 0, 0.0)
+    import cv2
+
+    if int(cv2.__version__.split(".")[0]) >= 5:  # OpenCV 5's warp is the exact bilinear too
+        pb_cv = PutBack(crop_size=size, backend="cv2")
+        mask_c, frame_c = pb_cv.warp(frame.shape, render, m_c2o)
+        assert_close("mask_warped (cv2)", torch.from_numpy(mask_c), t["out.mask_warped"], 1e-5)
+        assert_close("frame_warped (cv2)", torch.from_numpy(frame_c), t["out.frame_warped"], 1e-5)
+    _check_all_compared(t, {"out.mask_warped", "out.frame_warped", "out.result", "out.result_numpy_variant"})
+
+
 CHECKS = {
+    "get_mask": check_get_mask,
+    "putback": check_putback,
     "wav2feat_offline": check_wav2feat_offline,
     "wav2feat_online": check_wav2feat_online,
     "motion_stitch": check_motion_stitch,
