@@ -5,15 +5,15 @@ Why this shape:
 * Frames arrive in batches straight from the pipeline, as NV12 ``(B, H*3//2, W)`` (what the
   GPU splicer produces) or RGB ``(B, H, W, 3)``. NV12 goes to libx264 as is: x264 works in
   NV12 internally, so there is no RGB round trip and no CPU colour conversion. RGB input is
-  converted once with :func:`newsstudio.compose.colour.rgb_to_nv12` (BT.709 limited, the
-  same maths as the GPU path), so both inputs give identical files.
+  converted by the rule of :func:`newsstudio.compose.colour.rgb_to_nv12` (BT.709 limited,
+  2x2-average chroma): on the GPU for CUDA tensors, by swscale's exact mode otherwise.
 * Frame-exact: frame ``i`` gets pts ``i`` in time base ``1/fps``; N frames in, N frames in
   the file, for any rational fps (29.97 -> 30000/1001).
 * The stream is tagged BT.709 limited range (matrix, primaries, transfer), matching the
   pixels, so players do not guess BT.601 and shift the skin tones.
-* Audio is encoded as the video advances (never ahead of it), so memory is bounded by one
-  AAC frame, audio and video interleave in the file, and audio past the last video frame is
-  trimmed.
+* Audio is encoded as the video advances (never ahead of it, at most one AAC frame behind),
+  so encoder and muxer buffers stay small, audio and video interleave in the file, and
+  audio past the last video frame is trimmed.
 * Atomic: everything goes to a hidden temp file in the target folder, renamed over ``path``
   only on a clean close; an exception inside ``with`` removes it, so a reader never sees a
   half-written MP4.
@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Literal
 
 import av
-from av.video.reformatter import ColorRange, Colorspace, Interpolation
 import numpy as np
 import torch
+from av.video.reformatter import ColorRange, Colorspace, Interpolation
 
 from ..compose.colour import rgb_to_nv12
 from ._container import ffmpeg_reason
@@ -214,6 +214,7 @@ class Mp4Writer:
             self._check_shape(batch.shape, (h * 3 // 2, w), "NV12")
             batch = batch.reshape(-1, h * 3 // 2, w)
             make = _nv12_frame
+        batch = np.ascontiguousarray(batch)  # no copy unless the caller passed a strided view
         try:
             for image in batch:
                 self._encode(make(image))
