@@ -1,0 +1,1 @@
+"""Measurements of output quality (lip-sync, stillness) used by tests and benchmarks."""
