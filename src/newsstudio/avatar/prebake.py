@@ -20,7 +20,7 @@ from ..compose.colour import rgb_to_nv12
 from ..media.image import is_image_path, read_image
 from ..media.video import iter_video_frames, probe_video
 from .geometry import lower_face_mask, lower_face_roi, make_framing
-from .landmarks import NoFaceError, detect_sequence, get_backend
+from .landmarks import FaceLandmarks, NoFaceError, detect_sequence, get_backend
 from .packet import Packet, PacketWriter
 from .store import packet_dir, source_digest, validate_id
 
@@ -41,8 +41,12 @@ def prebake(
     no_face: str = "nearest",
     progress: bool = True,
     engine_kwargs: dict[str, Any] | None = None,
+    faces: Sequence[FaceLandmarks] | None = None,
 ) -> Packet:
-    """Build (or rebuild) the packet `avatar_id` from `source`; returns it opened."""
+    """Build (or rebuild) the packet `avatar_id` from `source`; returns it opened.
+
+    `faces`: landmarks detected earlier for exactly these source frames (see landmarks_io);
+    detection is skipped then."""
     validate_id(avatar_id)
     src = Path(source)
     if not src.is_file():
@@ -62,13 +66,20 @@ def prebake(
     framing = make_framing((sw, sh), size, fit)
     w, h = framing.out_size
 
-    backend = get_backend(landmarks)
-    if photo:
+    backend_name = faces[0].backend if faces else landmarks
+    if faces is not None:
+        if len(faces) != len(frames_src):
+            raise ValueError(f"{len(faces)} precomputed landmark sets for {len(frames_src)} frames")
+    elif photo:
+        backend = get_backend(landmarks)
+        backend_name = backend.name
         face = backend.detect(frames_src[0])
         if face is None:
             raise NoFaceError(f"no face found in {src.name}", [0], 1)
         faces = [face]
     else:
+        backend = get_backend(landmarks)
+        backend_name = backend.name
         frames_iter = tqdm(frames_src, desc="landmarks", unit="f", disable=not progress, leave=False)
         faces = detect_sequence(frames_iter, policy=no_face, backend=backend, fps=fps)
     lm68 = np.stack([framing.points(f.lm68) for f in faces]).astype(np.float32)
@@ -87,7 +98,7 @@ def prebake(
         "colour": {"matrix": "bt709", "range": "limited", "layout": "nv12"},
         "roi": {"size": [rw, rh]},
         "framing": {"fit": framing.fit, "scale": framing.scale, "offset": list(framing.offset), "source_size": [sw, sh]},
-        "landmarks": {"backend": backend.name, "missing_policy": no_face},
+        "landmarks": {"backend": backend_name, "missing_policy": no_face},
         "source": {"name": src.name, "sha256": source_digest(src), "bytes": src.stat().st_size},
     }
     dest = packet_dir(avatar_id, root)
