@@ -18,7 +18,6 @@ the blend for already-warped tensors on any device.
 """
 from __future__ import annotations
 
-import cv2
 import numpy as np
 import torch
 from torch import Tensor
@@ -54,6 +53,8 @@ def get_mask(W: int, H: int, ratio_w: float = 0.9, ratio_h: float = 0.9) -> np.n
 def warp_to_frame_cv2(image: np.ndarray, M_c2o: np.ndarray, width: int, height: int) -> np.ndarray:
     """``cv2.warpAffine`` of a crop-space image into a width × height frame (INTER_LINEAR,
     constant 0 border), M_c2o the crop->original affine ([2,3] or [3,3])."""
+    import cv2  # only this backend needs OpenCV
+
     M = np.asarray(M_c2o, dtype=np.float64)[:2]
     return cv2.warpAffine(np.ascontiguousarray(image), M, dsize=(int(width), int(height)), flags=cv2.INTER_LINEAR)
 
