@@ -117,7 +117,8 @@ def test_official_layout_round_trip(tmp_path, tiny, version):
     W.save_official_layout(tiny, tmp_path)
     cfg_path, w_path = W.unet_paths(tmp_path, version)
     assert cfg_path.is_file() and w_path.is_file()
-    assert {f.local for f in W.missing_files(tmp_path, version)} == {
+    assert {f.local for f in W.missing_files(tmp_path, version)} == {"whisper/preprocessor_config.json"}
+    assert {f.local for f in W.missing_files(tmp_path, version, include_optional=True)} == {
         "whisper/preprocessor_config.json", "face-parse-bisent/79999_iter.pth", "face-parse-bisent/resnet18-5c106cde.pth"}
     loaded = W.load_official(tmp_path, version)
     assert not loaded.is_random
@@ -460,3 +461,33 @@ def test_streaming_error_bound_on_real_speech(media):
     assert r["overall"] <= af.STREAMING_ERROR_BOUND["overall"], r
     assert r["worst_frame"] <= af.STREAMING_ERROR_BOUND["worst_frame"], r
     assert 0 < r["exact_share"] < 1, r  # frames of finish() exact, earlier ones approximations
+
+
+def test_fetch_places_files_in_official_layout(tmp_path, monkeypatch):
+    """With the Hub and the URL download replaced by local writers, every file lands on its
+    `local` path, and the Google-Drive-only BiSeNet file is reported by a warning."""
+    import huggingface_hub
+    from pathlib import Path
+
+    calls = []
+
+    def fake_hub(repo_id, filename, *, local_dir, **_):
+        p = Path(local_dir) / filename
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"x")
+        calls.append((repo_id, filename))
+        return str(p)
+
+    def fake_url(url, dst, progress=False):
+        Path(dst).write_bytes(b"x")
+        calls.append((url, Path(dst).name))
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_hub)
+    monkeypatch.setattr(torch.hub, "download_url_to_file", fake_url)
+    with pytest.warns(UserWarning, match="79999_iter.pth"):
+        got = W.fetch(tmp_path)
+    assert {p.relative_to(tmp_path).as_posix() for p in got} == {
+        f.local for f in W.model_files("v15") if "drive.google" not in (f.url or "")}
+    assert W.missing_files(tmp_path) == []
+    assert ("openai/whisper-tiny", "pytorch_model.bin") in calls
+    assert W.fetch(tmp_path, include_optional=False) == []  # nothing left to do

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +77,7 @@ class ModelFile:
     url: str | None = None  # otherwise a direct (or manual) source
     versions: tuple[str, ...] = VERSIONS
     alternatives: tuple[str, ...] = ()
+    optional: bool = False  # the engine runs without it (BiSeNet: a landmark mask replaces it)
 
     @property
     def local_dir(self) -> str:
@@ -108,10 +110,10 @@ MODEL_FILES: tuple[ModelFile, ...] = (
               "pytorch_model.bin", alternatives=("whisper/model.safetensors",)),
     ModelFile("whisper/preprocessor_config.json", "Whisper feature-extractor settings", "openai/whisper-tiny",
               "preprocessor_config.json"),
-    ModelFile("face-parse-bisent/79999_iter.pth", "BiSeNet face parsing (blend mask)",
-              url="https://drive.google.com/uc?id=154JgKpzCPW82qINcVieuPH3fZ2e0P812"),
-    ModelFile("face-parse-bisent/resnet18-5c106cde.pth", "ResNet-18 opened by the BiSeNet constructor",
-              url="https://download.pytorch.org/models/resnet18-5c106cde.pth"),
+    ModelFile("face-parse-bisent/79999_iter.pth", "BiSeNet face parsing (official blend mask; optional)",
+              url="https://drive.google.com/uc?id=154JgKpzCPW82qINcVieuPH3fZ2e0P812", optional=True),
+    ModelFile("face-parse-bisent/resnet18-5c106cde.pth", "ResNet-18 opened by the BiSeNet constructor (optional)",
+              url="https://download.pytorch.org/models/resnet18-5c106cde.pth", optional=True),
 )
 
 
@@ -120,10 +122,11 @@ def model_files(version: str = "v15") -> list[ModelFile]:
     return [f for f in MODEL_FILES if version in f.versions]
 
 
-def missing_files(models_dir: str | Path, version: str = "v15") -> list[ModelFile]:
-    """The files of `version` that are not in `models_dir` (empty list = complete)."""
+def missing_files(models_dir: str | Path, version: str = "v15", *, include_optional: bool = False) -> list[ModelFile]:
+    """The files of `version` that are not in `models_dir` (empty list = the engine can run).
+    Optional files (BiSeNet face parsing) count only with `include_optional`."""
     d = Path(models_dir)
-    return [f for f in model_files(version) if f.present(d) is None]
+    return [f for f in model_files(version) if f.present(d) is None and (include_optional or not f.optional)]
 
 
 def _check_version(version: str) -> None:
@@ -439,16 +442,15 @@ def save_official_layout(models: MuseTalkModels, models_dir: str | Path, *, whis
     return d
 
 
-def fetch(models_dir: str | Path, version: str = "v15", *, include_face_parsing: bool = True) -> list[Path]:
-    """Download the missing files of `version` into `models_dir` (Hugging Face Hub; the ResNet-18
-    from download.pytorch.org). Raises `MuseTalkWeightsError` with a clear message when offline,
-    and for BiSeNet's 79999_iter.pth, which is only on Google Drive (manual download)."""
+def fetch(models_dir: str | Path, version: str = "v15", *, include_optional: bool = True) -> list[Path]:
+    """Download the missing files of `version` into `models_dir` (Hugging Face Hub; the optional
+    ResNet-18 from download.pytorch.org) and return their paths. Raises `MuseTalkWeightsError` with
+    a clear message when a download fails (offline, ...). BiSeNet's 79999_iter.pth is only on
+    Google Drive: a missing one is reported with a warning saying where to get it."""
     d = Path(models_dir)
     got: list[Path] = []
     manual: list[str] = []
-    for f in missing_files(d, version):
-        if f.local.startswith("face-parse-bisent/") and not include_face_parsing:
-            continue
+    for f in missing_files(d, version, include_optional=include_optional):
         try:
             if f.repo_id is not None:
                 from huggingface_hub import hf_hub_download
@@ -469,6 +471,6 @@ def fetch(models_dir: str | Path, version: str = "v15", *, include_face_parsing:
                 f"`models/` folder there by hand.") from exc
         got.append(p)
     if manual:
-        raise MuseTalkWeightsError("these files are not on the Hugging Face Hub and must be fetched by hand: "
-                                   + "; ".join(manual))
+        warnings.warn("optional files not on the Hugging Face Hub, fetch them by hand: " + "; ".join(manual),
+                      stacklevel=2)
     return got
