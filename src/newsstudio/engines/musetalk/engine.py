@@ -1,0 +1,377 @@
+"""The MuseTalk engine: Whisper prompts -> one UNet step on the avatar's latents -> VAE decode.
+
+Stages (engines/base.py):
+
+1. ``conditioner(fps)``: incremental Whisper-tiny features (``audio_features.StreamingAudioFeatures``,
+   2 frames of look-ahead) -> per-frame prompts ``(50, 384)``: 10 rows of 20 ms x 5 hidden states,
+   the audio of frames i-2 .. i+2. The positional encoding is added in ``render``.
+2. driver: identity.
+3. ``render``: UNet at timestep 0 on ``latents[frame]`` (masked | reference, from the prebake)
+   with the prompts, VAE decode, rounded to 8-bit levels like the official ``decode_latents``,
+   then resized into each frame's face box inside the fixed ROI with ``grid_sample`` (bilinear,
+   = cv2 INTER_LINEAR), all on the device: (B, Hr, Wr, 3) float RGB in [0, 255].
+4. the runner splices the ROI with the prebaked alpha (BiSeNet jaw mask or landmark jaw mask,
+   feathered like the realtime script).
+
+Differences from the official realtime script, on purpose: every generated frame is used (its
+blending thread drops the last one); frames without a face use the nearest face (the packet's
+landmarks already do this) instead of desynchronising the latent and frame cycles; latents are
+the posterior mean unless sampling is asked for (the official draws from the global RNG); boxes are
+clipped to the frame; non-integer frame rates (29.97) use the exact frame times instead of
+``int(fps)``.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import threading
+from collections import OrderedDict
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...audio.source import as_fraction, frames_for_samples
+from ...avatar.packet import Packet, PacketError, open_packet
+from ..base import AvatarLayer, Engine, FrameQueue, TensorFrameQueue
+from .audio_features import SAMPLE_RATE, PositionalEncoding, StreamingAudioFeatures, audio_prompts
+from .prebake import PrebakeOptions, prebake_mismatch, prebake_musetalk, resize_into_boxes, vae_fingerprint
+from .vae import scaling_factor_of
+from .weights import (
+    UNET_CONFIG,
+    VAE_CONFIG,
+    MuseTalkModels,
+    MuseTalkWeightsMissing,
+    load_official,
+    random_unet,
+    random_vae,
+    random_whisper_encoder,
+)
+
+#: Small architectures for tests only (same structure, far fewer channels): never for real output.
+TINY_UNET_CONFIG: dict[str, Any] = {**UNET_CONFIG, "block_out_channels": [32, 64, 64, 64], "layers_per_block": 1}
+TINY_VAE_CONFIG: dict[str, Any] = {**VAE_CONFIG, "block_out_channels": [32, 32, 64, 64], "layers_per_block": 1}
+
+PROMPT_ROWS = 10  # 20 ms encoder rows per frame window (+-2 frames at 25 fps)
+BISENET_FILE = Path("face-parse-bisent") / "79999_iter.pth"
+
+_MODEL_CACHE: OrderedDict[tuple, MuseTalkModels] = OrderedDict()
+_MODEL_CACHE_SIZE = 2
+_MODEL_LOCK = threading.Lock()
+
+
+def _cache_key(weights: str, models_dir: Path | None, version: str, salt: int, device: torch.device, dtype: torch.dtype,
+               unet_config: dict | None, vae_config: dict | None) -> tuple:
+    return (weights, str(models_dir.resolve()) if models_dir else None, version, salt, str(device), str(dtype),
+            repr(sorted((unet_config or {}).items())), repr(sorted((vae_config or {}).items())))
+
+
+def get_models(weights: str, models_dir: Path | None, version: str, salt: int, device: torch.device,
+               dtype: torch.dtype, unet_config: dict | None = None, vae_config: dict | None = None) -> MuseTalkModels:
+    """Build or load the networks once per process (the UNet alone has 850M parameters): engines
+    created with the same settings share them (the CLI, the server and tests create several)."""
+    key = _cache_key(weights, models_dir, version, salt, device, dtype, unet_config, vae_config)
+    with _MODEL_LOCK:
+        m = _MODEL_CACHE.get(key)
+        if m is not None:
+            _MODEL_CACHE.move_to_end(key)
+            return m
+        if weights == "random":
+            m = MuseTalkModels(
+                unet=random_unet(salt, device, dtype, config=unet_config),
+                vae=random_vae(salt, device, dtype, config=vae_config),
+                whisper_encoder=random_whisper_encoder(salt, device, dtype),
+                pe=PositionalEncoding().to(device=device, dtype=dtype),
+                version=version, device=device, dtype=dtype, random_salt=salt,
+            )
+        else:
+            assert models_dir is not None
+            m = load_official(models_dir, version, device, dtype)
+        _MODEL_CACHE[key] = m
+        while len(_MODEL_CACHE) > _MODEL_CACHE_SIZE:
+            _MODEL_CACHE.popitem(last=False)
+        return m
+
+
+# --------------------------------------------------------------------------------- conditioner
+
+class MuseTalkConditioner(FrameQueue):
+    """PCM chunks (16 kHz mono float32) in, per-frame prompts ``(50, 384)`` out.
+
+    The streaming extractor is run on the 20 ms row grid (one "frame" per encoder row, windows of
+    10 rows starting ``2*ceil(50/fps)`` rows early), and output frame ``i`` takes row window
+    ``floor(i * 50 / fps)``: for integer fps exactly the official window (same float arithmetic),
+    for 29.97 etc. the exact frame time instead of the official ``int(fps)`` (which would drift by
+    3 %). The frame count is the runner's ``ceil(duration * fps)``: frames past the reference's
+    ``floor`` get the window continued with zero rows, as the reference pads.
+    """
+
+    def __init__(self, encoder: torch.nn.Module, fps: float | Fraction, sample_rate: int = SAMPLE_RATE):
+        if sample_rate != SAMPLE_RATE:
+            raise ValueError(f"MuseTalk's Whisper features need {SAMPLE_RATE} Hz audio, got {sample_rate}")
+        self.fps = as_fraction(fps)
+        if self.fps.denominator == 1:
+            self._m: float | Fraction = 50 / int(self.fps)  # Python float, as the reference
+        else:
+            self._m = Fraction(50) / self.fps
+        pad_left = 2 * math.ceil(self._m)
+        self.extractor = StreamingAudioFeatures(encoder, 50, left=pad_left, right=PROMPT_ROWS // 2 - 1 - pad_left)
+        if self.extractor.windowing.length != PROMPT_ROWS or self.extractor.windowing.pad_left != pad_left:
+            raise RuntimeError("unexpected window geometry from StreamingAudioFeatures")
+        p = next(encoder.parameters())
+        self._hidden = int(encoder.config.d_model)
+        self._device, self._dtype = p.device, p.dtype
+        self._buf: torch.Tensor | None = None  # row windows j = _lo ... _lo + len - 1
+        self._lo = 0
+        self._rows_emitted = 0  # row windows the extractor has produced so far
+        self._next = 0  # next output frame
+        self._samples = 0
+        self._queue = TensorFrameQueue()
+        self.closed = False
+
+    def row_of(self, i: int) -> int:
+        return math.floor(i * self._m)
+
+    def _append(self, windows: torch.Tensor) -> None:
+        if windows.shape[0] == 0:
+            return
+        self._buf = windows if self._buf is None or self._buf.shape[0] == 0 else torch.cat([self._buf, windows])
+        self._rows_emitted += int(windows.shape[0])
+
+    def _window(self, j: int) -> torch.Tensor:
+        """Row window j; past the last row the previous window shifted with zero rows (exact)."""
+        last = self._rows_emitted - 1
+        if j <= last:
+            return self._buf[j - self._lo]
+        per_row = self._buf.shape[1] // PROMPT_ROWS if self._buf is not None and self._buf.shape[0] else 5
+        out = torch.zeros((PROMPT_ROWS * per_row, self._hidden), device=self._device, dtype=self._dtype)
+        shift = j - last
+        if last >= 0 and shift < PROMPT_ROWS:
+            out[: (PROMPT_ROWS - shift) * per_row] = self._buf[last - self._lo][shift * per_row:]
+        return out
+
+    def _drain(self, final: bool) -> None:
+        total = frames_for_samples(self._samples, SAMPLE_RATE, self.fps) if final else None
+        picked: list[torch.Tensor] = []
+        while True:
+            i = self._next
+            if total is not None and i >= total:
+                break
+            j = self.row_of(i)
+            if j >= self._rows_emitted and not final:
+                break
+            picked.append(self._window(j))
+            self._next += 1
+        if picked:
+            self._queue.push(torch.stack(picked))
+        keep_from = self.row_of(self._next)
+        if self._buf is not None and not final and keep_from > self._lo:
+            k = min(keep_from - self._lo, self._buf.shape[0] - 1)  # keep the last window for zero continuation
+            if k > 0:
+                self._buf = self._buf[k:]
+                self._lo += k
+
+    def push(self, value: Any) -> None:
+        if self.closed:
+            raise RuntimeError("push() after close()")
+        pcm = np.asarray(value.detach().cpu() if isinstance(value, torch.Tensor) else value, np.float32).reshape(-1)
+        self._samples += int(pcm.shape[0])
+        self._append(self.extractor.push(pcm))
+        self._drain(final=False)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._append(self.extractor.finish())
+        self._drain(final=True)
+        self._queue.close()
+
+    @property
+    def ready(self) -> int:
+        return self._queue.ready
+
+    def take(self, n: int) -> torch.Tensor:
+        return self._queue.take(n)
+
+
+# ------------------------------------------------------------------------------------- engine
+
+class MuseTalkEngine(Engine):
+    """MuseTalk v1.5 (or v1.0) on one device.
+
+    weights: ``"official"`` (the release layout under ``models``, strictly loaded) or ``"random"``
+    (seeded with ``salt``; outputs are marked). mask: ``"auto"`` (BiSeNet when its weights are in
+    the models folder, else the landmark jaw mask), ``"bisenet"`` or ``"landmark"``. latent:
+    ``"mode"`` (deterministic posterior mean) or ``"sample"`` (seeded with ``seed``).
+    ``reprebake``: when a packet's MuseTalk arrays were made with other weights/options, compute
+    them again (True) or raise (False).
+    """
+
+    name = "musetalk"
+    sample_rate = SAMPLE_RATE
+
+    def __init__(
+        self,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+        *,
+        weights: str = "official",
+        models: str | Path | None = None,
+        version: str = "v15",
+        salt: int = 0,
+        mask: str = "auto",
+        latent: str = "mode",
+        seed: int = 0,
+        bbox_shift: int = 0,
+        extra_margin: int = 10,
+        reprebake: bool = True,
+        compile: bool = False,
+        prebake_batch: int | None = None,
+        unet_config: dict[str, Any] | None = None,
+        vae_config: dict[str, Any] | None = None,
+    ):
+        device = torch.device(device)
+        if dtype is None:
+            dtype = torch.float16 if device.type == "cuda" else torch.float32
+        super().__init__(device, dtype)
+        if weights not in ("official", "random"):
+            raise ValueError(f"weights must be 'official' or 'random', got {weights!r}")
+        if mask not in ("auto", "bisenet", "landmark"):
+            raise ValueError(f"mask must be 'auto', 'bisenet' or 'landmark', got {mask!r}")
+        from ..registry import models_dir as _models_dir
+
+        self.models_dir = _models_dir(models)
+        self.weights = weights
+        self.salt = int(salt) if weights == "random" else None
+        self.random_weights = weights == "random"
+        if (unet_config or vae_config) and weights != "random":
+            raise ValueError("unet_config/vae_config (test architectures) need weights='random'")
+        if self.random_weights:
+            print(f"WARNING: MuseTalk is using SEEDED RANDOM WEIGHTS (salt {self.salt}); its output is marked and is "
+                  "not a real model's output (benchmarks/tests only).", file=sys.stderr)
+        self.models = get_models(weights, None if self.random_weights else self.models_dir, version,
+                                 self.salt or 0, device, dtype, unet_config, vae_config)
+        self.version = version
+        bisenet_path = self.models_dir / BISENET_FILE
+        if mask == "auto":
+            mask = "bisenet" if (not self.random_weights and bisenet_path.is_file()) else "landmark"
+        elif mask == "bisenet" and not self.random_weights and not bisenet_path.is_file():
+            raise MuseTalkWeightsMissing(bisenet_path, "BiSeNet face-parsing weights")
+        self.options = PrebakeOptions(version=version, bbox_shift=bbox_shift, extra_margin=extra_margin, mask=mask,
+                                      latent=latent, seed=seed)
+        self.reprebake = reprebake
+        self.prebake_batch = prebake_batch or (16 if device.type == "cuda" else 4)
+        self.vae_id = vae_fingerprint(self.models.vae)
+        self._scale = 1.0 / scaling_factor_of(self.models.vae)
+        self._t0 = torch.zeros(1, dtype=torch.long, device=device)
+        self._unet = torch.compile(self.models.unet) if compile else self.models.unet
+        self._decoder = torch.compile(self.models.vae.decode) if compile else self.models.vae.decode
+        self._parser = None
+        self._idle: torch.Tensor | None = None
+        self._layers: dict[str, AvatarLayer] = {}
+        self._lock = threading.RLock()
+
+    # -- prebake ----------------------------------------------------------------------------
+    def weights_meta(self) -> dict[str, Any]:
+        return {"weights": self.weights, "salt": self.salt, "vae_id": self.vae_id}
+
+    def expected_meta(self) -> dict[str, Any]:
+        """Engine meta a packet must carry for its MuseTalk arrays to be usable here."""
+        return {**self.options.meta(), **self.weights_meta()}
+
+    def face_parser(self):
+        """BiSeNet + MuseTalk's mask rules (official weights, or seeded ones with random weights)."""
+        if self._parser is None:
+            from ...weights.seeded import fill_seeded_
+            from .bisenet import BiSeNet, load_bisenet
+            from .face_parsing import FaceParser
+
+            if self.random_weights:
+                net = fill_seeded_(BiSeNet(), self.salt or 0).to(self.device).eval()
+            else:
+                net = load_bisenet(self.models_dir / BISENET_FILE, device=self.device)
+            cheeks = (90, 90) if self.version == "v15" else (80, 80)
+            self._parser = FaceParser(net, *cheeks)
+        return self._parser
+
+    def prebake(self, packet: Packet, progress: bool = True, force: bool = False) -> Packet:
+        """Add MuseTalk's arrays (no-op when the packet already has them for these weights/options)."""
+        if not force and prebake_mismatch(packet, self.expected_meta()) is None:
+            return packet
+        parser = self.face_parser() if self.options.mask == "bisenet" else None
+        try:
+            return prebake_musetalk(packet, self.models.vae, self.options, parser=parser,
+                                    weights_meta=self.weights_meta(), batch_size=self.prebake_batch, progress=progress)
+        except PermissionError as e:
+            raise PacketError(f"avatar packet {packet.path} is not writable, so MuseTalk's arrays cannot be added "
+                              f"({e}); prebake it where it can be written (`newsstudio prebake ... --engines musetalk`)") from e
+
+    # -- avatar -----------------------------------------------------------------------------
+    def load_avatar(self, packet: Packet) -> AvatarLayer:
+        with self._lock:
+            expected = self.expected_meta()
+            why = prebake_mismatch(packet, expected)
+            if why is not None:  # the caller's view may be stale: look at the packet on disk
+                fresh = open_packet(packet.path)
+                if prebake_mismatch(fresh, expected) is None:
+                    packet, why = fresh, None
+            if why is not None:
+                had = packet.engine_meta("musetalk") is not None
+                if had and not self.reprebake:
+                    raise PacketError(f"avatar {packet.id!r} ({packet.path}): {why}. Prebake it again for this engine "
+                                      "(`newsstudio prebake SOURCE --engines musetalk`) or allow re-prebaking.")
+                if had:
+                    print(f"musetalk: re-prebaking avatar {packet.id!r}: {why}", file=sys.stderr)
+                packet = self.prebake(packet, progress=True, force=True)
+            key = str(Path(packet.path).resolve())
+            sha = packet.specs["musetalk/latents"].sha256
+            cached = self._layers.get(key)
+            if cached is not None and cached.data.get("latents_sha") == sha:
+                return cached
+            layer = self._make_layer(packet)
+            layer.data["latents_sha"] = sha
+            self._layers = {key: layer}
+            return layer
+
+    def _make_layer(self, packet: Packet) -> AvatarLayer:
+        dev = self.device
+        wr, hr = (int(v) for v in packet.engine_meta("musetalk")["roi"])
+        latents = packet.tensor("musetalk/latents").to(dev).to(self.dtype)
+        origins = packet.tensor("musetalk/origins").to(dev, torch.long)
+        masks = packet.tensor("musetalk/mask").to(dev).to(torch.float32).div_(255.0)
+        boxes = packet.tensor("musetalk/boxes").to(dev, torch.float32)
+        n = packet.n_frames
+        if latents.shape != (n, 8, 32, 32) or masks.shape != (n, hr, wr) or origins.shape != (n, 2) or boxes.shape != (n, 4):
+            raise PacketError(f"avatar {packet.id!r}: MuseTalk arrays have inconsistent shapes")
+        return AvatarLayer(self.name, packet, dev, (hr, wr), origins, masks, {"latents": latents, "boxes": boxes})
+
+    # -- stages -----------------------------------------------------------------------------
+    def conditioner(self, fps: float) -> FrameQueue:
+        return MuseTalkConditioner(self.models.whisper_encoder, fps, self.sample_rate)
+
+    def render(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> torch.Tensor:
+        dev = self.device
+        idx = frame_idx.to(dev)
+        with torch.inference_mode():
+            latents = layer.data["latents"].index_select(0, idx)
+            prompts = self.models.pe(driving.to(dev, self.dtype))
+            pred = self._unet(latents, self._t0, encoder_hidden_states=prompts).sample
+            decoded = self._decoder(pred * self._scale).sample
+            # the official decode_latents: (x/2 + 0.5).clamp(0, 1) in the model dtype, then float32 * 255, rounded
+            face = torch.round((decoded / 2 + 0.5).clamp(0, 1).float() * 255.0)
+            return resize_into_boxes(face, layer.data["boxes"].index_select(0, idx), layer.roi_hw)
+
+    def idle_prompt(self) -> torch.Tensor:
+        """Prompts of silence (1 s of zeros, a frame whose window lies inside it), computed once:
+        MuseTalk has no closed-mouth code, so idle frames render what silence renders."""
+        if self._idle is None:
+            wave = torch.zeros(SAMPLE_RATE, dtype=torch.float32)
+            prompts = audio_prompts(self.models.whisper_encoder, wave, 25)
+            self._idle = prompts[prompts.shape[0] // 2].contiguous()
+        return self._idle
+
+    def idle_driving(self, n: int) -> torch.Tensor | None:
+        return self.idle_prompt().unsqueeze(0).expand(n, -1, -1)
