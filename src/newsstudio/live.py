@@ -1,0 +1,929 @@
+"""Live sessions: an avatar that idles, speaks as speech arrives, and can be cut off at once.
+
+Independent of HTTP, so it is testable alone; the server (`newsstudio.server`) only moves its
+frames and samples over WebSocket/WebRTC.
+
+Why the design looks like this:
+
+* **One media clock.** Video frame k is shown at k/fps and output-audio sample s at s/sr,
+  both measured from the same origin (`MediaClock`). Every position is an integer counter
+  (frames, samples) and times are derived from counters, never accumulated from sleeps, so
+  nothing drifts however long a session runs. The clock reads an injectable time source, so
+  a test can run an hour of media without waiting an hour.
+* **Pull, not push.** Consumers (a WebRTC video track, an audio track, a WebSocket pump) ask
+  for "frame k" or "samples [s, s+n)"; the session renders what that media position holds:
+  the idle loop (avatar frames, mouth closed) or the current utterance. Frames nobody pulls
+  are never rendered, and a consumer that falls behind simply asks for a later position.
+* **Utterances are placed on the timeline at a frame boundary F0**: video frame F0 + j shows
+  the utterance's driving frame j, and its audio starts at sample frame_sample(F0) of the
+  output stream. Audio and video of an utterance are therefore aligned by construction.
+  Streamed speech that arrives late (underrun) is padded with silence *inside* the utterance,
+  for both audio and mouth, so they stay aligned.
+* **Barge-in.** New speech or `interrupt()` ends the current utterance at the consumers'
+  current positions (the next frame / 20 ms audio block not yet handed out), drops frames
+  rendered ahead, and the new utterance gets a fresh conditioner + driver.
+* A session holds only per-stream state (conditioner, driver, a few rendered frames, PCM not
+  yet played); the engine and the avatar's device tensors are shared and stay warm. `close()`
+  drops everything the session holds.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Literal
+
+import numpy as np
+import soxr
+import torch
+
+from .audio.source import as_fraction, frame_sample, frames_for_samples
+from .avatar.packet import Packet
+from .compose.colour import nv12_to_rgb
+from .engines.base import Engine
+from .media.audio import Audio, audio_from_array, load_audio
+from .stream import StreamSession, background_for
+
+OUT_RATE = 48000
+"""Output audio rate of a session (WebRTC/Opus native rate)."""
+
+TimeSource = Callable[[], float]
+State = Literal["idle", "buffering", "speaking", "closed"]
+
+
+class SessionError(RuntimeError):
+    """Base class of live-session errors."""
+
+
+class SessionLimitError(SessionError):
+    """The configured maximum number of live sessions is reached."""
+
+
+class SessionClosedError(SessionError):
+    """The session was closed."""
+
+
+# --------------------------------------------------------------------------------------
+# time
+
+
+class ScaledTime:
+    """A time source that runs `rate` times faster than the monotonic clock and can jump.
+
+    `jump(seconds)` moves it forward at once (a test's "an hour passes"); `set(t)` pins it
+    (fully simulated time: `advance(dt)` then moves it by hand)."""
+
+    def __init__(self, rate: float = 1.0, start: float = 0.0):
+        self.rate = float(rate)
+        self._m0 = time.monotonic()
+        self._offset = float(start)
+        self._pinned: float | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            if self._pinned is not None:
+                return self._pinned
+            return self._offset + (time.monotonic() - self._m0) * self.rate
+
+    def jump(self, seconds: float) -> None:
+        with self._lock:
+            if self._pinned is not None:
+                self._pinned += seconds
+            else:
+                self._offset += seconds
+
+    def set(self, t: float) -> None:
+        with self._lock:
+            self._pinned = float(t)
+
+    def advance(self, dt: float) -> None:
+        self.jump(dt)
+
+
+class MediaClock:
+    """The one clock audio and video share: media time 0 is the session's start.
+
+    Positions are counters; `video_time(k) = k / fps` and `audio_time(s) = s / sr` are exact
+    fractions, so a frame and the samples that play with it are due at the same instant."""
+
+    def __init__(self, fps: Fraction, time_source: TimeSource | None = None, out_rate: int = OUT_RATE):
+        self.fps = as_fraction(fps)
+        self.out_rate = int(out_rate)
+        self.time_source = time_source or time.monotonic
+        self.origin = float(self.time_source())
+
+    def now(self) -> float:
+        """Media seconds since the session started."""
+        return float(self.time_source()) - self.origin
+
+    def video_time(self, k: int) -> float:
+        return float(Fraction(k) / self.fps)
+
+    def audio_time(self, s: int) -> float:
+        return s / self.out_rate
+
+    def frame_at(self, t: float) -> int:
+        """Index of the frame on screen at media time t."""
+        return int(math.floor(Fraction(t) * self.fps + Fraction(1, 10**9)))
+
+    def next_frame(self, t: float) -> int:
+        """First frame due at or after media time t."""
+        return int(math.ceil(Fraction(t) * self.fps - Fraction(1, 10**9)))
+
+    def frame_sample(self, k: int) -> int:
+        """First output-audio sample of frame k (exact rational rounding, see audio.source)."""
+        return frame_sample(k, self.out_rate, self.fps)
+
+    def frame_of_sample(self, s: int) -> int:
+        """First frame boundary at or after output sample s."""
+        k = int(math.floor(Fraction(s) * self.fps / self.out_rate))
+        while self.frame_sample(k) < s:
+            k += 1
+        return k
+
+    def video_pts(self, k: int, clock_rate: int = 90000) -> int:
+        """RTP-style pts of frame k at `clock_rate` (exact for 25, 30, 29.97, 24, 50 fps)."""
+        return int(Fraction(k * clock_rate) / self.fps)
+
+    async def sleep_until(self, t: float) -> None:
+        """Sleep until media time t (re-reads the clock, so a jump or a scaled rate is honoured)."""
+        rate = float(getattr(self.time_source, "rate", 1.0)) or 1.0
+        while True:
+            dt = t - self.now()
+            if dt <= 0:
+                return
+            await asyncio.sleep(min(dt / rate, 0.25))
+
+
+# --------------------------------------------------------------------------------------
+# speech analysis
+
+
+def speech_seconds(samples: np.ndarray, sample_rate: int, threshold_dbfs: float = -45.0) -> float:
+    """Seconds of audio whose speech band (300-3400 Hz) is louder than `threshold_dbfs`.
+
+    Cheap and deterministic: 20 ms windows, band energy from an FFT. Used to refuse uploads
+    that hold no speech (silence, DC, rumble) with a clear message instead of a silent clip."""
+    x = np.asarray(samples, np.float32)
+    if x.ndim == 2:
+        x = x.mean(axis=0)
+    win = max(16, int(sample_rate * 0.02))
+    n = x.size // win
+    if n == 0:
+        return 0.0
+    frames = x[: n * win].reshape(n, win)
+    spec = np.abs(np.fft.rfft(frames * np.hanning(win).astype(np.float32), axis=1)) ** 2
+    freqs = np.fft.rfftfreq(win, 1.0 / sample_rate)
+    band = (freqs >= 300) & (freqs <= 3400)
+    norm = float(np.sum(np.hanning(win) ** 2)) * win / 2
+    level = 10 * np.log10(spec[:, band].sum(axis=1) / norm + 1e-12)
+    return float((level > threshold_dbfs).sum() * win / sample_rate)
+
+
+def has_speech(samples: np.ndarray, sample_rate: int, min_seconds: float = 0.1) -> bool:
+    return speech_seconds(samples, sample_rate) >= min_seconds
+
+
+# --------------------------------------------------------------------------------------
+# utterances
+
+
+class _Pcm:
+    """A growing mono float32 buffer with absolute indices; old samples can be released."""
+
+    def __init__(self) -> None:
+        self._parts: list[np.ndarray] = []
+        self.base = 0  # absolute index of the first kept sample
+        self.count = 0  # absolute index one past the last sample
+
+    def append(self, x: np.ndarray) -> None:
+        if x.size:
+            self._parts.append(np.asarray(x, np.float32).reshape(-1))
+            self.count += x.size
+
+    def _flat(self) -> np.ndarray:
+        if len(self._parts) > 1:
+            self._parts = [np.concatenate(self._parts)]
+        return self._parts[0] if self._parts else np.zeros(0, np.float32)
+
+    def read(self, a: int, b: int) -> np.ndarray:
+        """Samples [a, b) (zeros outside what was appended or released)."""
+        out = np.zeros(max(0, b - a), np.float32)
+        lo, hi = max(a, self.base), min(b, self.count)
+        if hi > lo:
+            flat = self._flat()
+            out[lo - a : hi - a] = flat[lo - self.base : hi - self.base]
+        return out
+
+    def release_before(self, s: int) -> None:
+        cut = min(s, self.count) - self.base
+        if cut <= 0:
+            return
+        flat = self._flat()
+        self._parts = [flat[cut:].copy()] if flat.size > cut else []
+        self.base += cut
+
+
+class Utterance:
+    """One piece of speech on the session timeline, with its own conditioner and driver.
+
+    Input PCM (any rate, mono) is resampled twice as it arrives: to the engine's rate for the
+    conditioner, and to the session's output rate for playback. `start_frame` (F0) is set
+    when it goes on air; frame F0 + j shows driving frame j, output sample
+    frame_sample(F0) + i plays its sample i."""
+
+    def __init__(self, session: "LiveSession", sample_rate: int, streamed: bool):
+        eng = session.engine
+        self.rebuffer = int(session.prebuffer_s * sample_rate)
+        self.starved = False
+        self._held: list[np.ndarray] = []
+        self._held_n = 0
+        self.id = uuid.uuid4().hex[:12]
+        self.fps = session.fps
+        self.src_rate = int(sample_rate)
+        self.streamed = streamed
+        self.conditioner = eng.conditioner(float(session.fps))
+        self.driver = eng.driver(session.layer)
+        self._to_model = None if self.src_rate == eng.sample_rate else soxr.ResampleStream(self.src_rate, eng.sample_rate, 1, dtype="float32", quality="HQ")
+        self._to_out = None if self.src_rate == session.out_rate else soxr.ResampleStream(self.src_rate, session.out_rate, 1, dtype="float32", quality="HQ")
+        self.out = _Pcm()
+        self.n_src = 0
+        self.closed = False
+        self.start_frame: int | None = None
+        self.total_frames: int | None = None
+        self.underrun_samples = 0
+        self._driving: list[torch.Tensor] = []
+        self._driving_base = 0  # index of the first kept driving frame
+        self._driving_count = 0
+        self._idle_row: torch.Tensor | None = None
+        self.created = time.monotonic()
+
+    # -- input
+    def feed(self, mono: np.ndarray) -> None:
+        """Append arriving speech. After an underrun, arriving speech is held back until a
+        prebuffer's worth has come (a jitter buffer refilling), so one late packet does not
+        turn into a stutter of tiny gaps."""
+        if self.closed:
+            raise SessionError("this utterance's input already ended")
+        mono = np.ascontiguousarray(np.asarray(mono, np.float32).reshape(-1))
+        if not mono.size:
+            return
+        if self.starved:
+            self._held.append(mono)
+            self._held_n += mono.size
+            if self._held_n >= self.rebuffer:
+                self._release_held()
+            return
+        self._append(mono)
+
+    def _release_held(self) -> None:
+        held, self._held, self._held_n = self._held, [], 0
+        self.starved = False
+        for x in held:
+            self._append(x)
+
+    def _append(self, mono: np.ndarray) -> None:
+        self.n_src += mono.size
+        model = mono if self._to_model is None else self._to_model.resample_chunk(mono, last=False)
+        if model.size:
+            self.conditioner.push(np.asarray(model, np.float32))
+        self.out.append(mono if self._to_out is None else self._to_out.resample_chunk(mono, last=False))
+
+    def finish(self) -> None:
+        """No more input: flush the resamplers and the look-ahead of conditioner and driver."""
+        if self.closed:
+            return
+        if self._held:
+            self._release_held()
+        self.closed = True
+        if self._to_model is not None:
+            tail = self._to_model.resample_chunk(np.zeros(0, np.float32), last=True)
+            if tail.size:
+                self.conditioner.push(np.asarray(tail, np.float32))
+        if self._to_out is not None:
+            self.out.append(self._to_out.resample_chunk(np.zeros(0, np.float32), last=True))
+        self.conditioner.close()
+        self._pump()
+        self.driver.close()
+        self._pump()
+        self.total_frames = max(1, frames_for_samples(self.n_src, self.src_rate, self.fps))
+
+    def pad_silence(self, seconds: float = 0.02) -> None:
+        """Underrun: the speaker is late, so the utterance gets silence (mouth closed) now."""
+        n = max(1, int(round(seconds * self.src_rate)))
+        self.underrun_samples += n
+        self._append(np.zeros(n, np.float32))
+        self.starved = self.streamed
+
+    @property
+    def buffered_s(self) -> float:
+        return self.n_src / self.src_rate
+
+    # -- output
+    def _pump(self) -> None:
+        n = self.conditioner.ready
+        if n:
+            self.driver.push(self.conditioner.take(n))
+        m = self.driver.ready
+        if m:
+            self._driving.append(self.driver.take(m))
+            self._driving_count += m
+
+    def frames_ready(self) -> int:
+        self._pump()
+        return self._driving_count
+
+    def ended_by(self, j: int) -> bool:
+        return self.total_frames is not None and j >= self.total_frames
+
+    def driving(self, j: int, n: int, session: "LiveSession") -> torch.Tensor:
+        """Driving frames [j, j+m) with 1 <= m <= n: only what is ready, padding silence
+        (underrun) when not even frame j is, so a live stream never waits."""
+        self._pump()
+        guard = 0
+        while self._driving_count <= j and not self.closed:
+            self.pad_silence(0.02)
+            self._pump()
+            guard += 1
+            if guard > 10_000:
+                raise SessionError("conditioner produced no frames")
+        if self.total_frames is not None:
+            n = min(n, self.total_frames - j)
+        avail = self._driving_count - j
+        if avail <= 0:  # input ended and the engine produced fewer frames than the audio spans
+            return self._hold(n, session)
+        n = min(n, avail)
+        cat = torch.cat(self._driving) if len(self._driving) > 1 else self._driving[0]
+        self._driving = [cat]
+        return cat[j - self._driving_base : j - self._driving_base + n]
+
+    def _hold(self, n: int, session: "LiveSession") -> torch.Tensor:
+        if self._driving_count:
+            cat = torch.cat(self._driving) if len(self._driving) > 1 else self._driving[0]
+            return cat[-1:].expand(n, *cat.shape[1:]).clone()
+        idle = session.engine.idle_driving(n)
+        if idle is None:
+            raise SessionError("engine produced no driving frames for the audio")
+        return idle
+
+    def release_driving_before(self, j: int) -> None:
+        cut = min(j, self._driving_count) - self._driving_base
+        if cut <= 0 or not self._driving:
+            return
+        cat = torch.cat(self._driving) if len(self._driving) > 1 else self._driving[0]
+        rest = cat[cut:]
+        self._driving = [rest.clone()] if rest.shape[0] else []
+        self._driving_base += cut
+
+    def audio(self, a: int, b: int) -> np.ndarray:
+        """Output-rate samples [a, b) of this utterance, padding silence on underrun."""
+        guard = 0
+        while not self.closed and self.out.count < b:
+            self.pad_silence(0.02)
+            guard += 1
+            if guard > 100_000:
+                raise SessionError("resampler produced no samples")
+        return self.out.read(a, b)
+
+
+# --------------------------------------------------------------------------------------
+# the session
+
+
+@dataclass
+class SessionStats:
+    frames_out: int = 0
+    frames_rendered: int = 0
+    speech_frames: int = 0
+    audio_samples_out: int = 0
+    utterances: int = 0
+    interrupts: int = 0
+    barge_ins: int = 0
+    dropped_frames: int = 0
+    skipped_frames: int = 0
+    last_cut_ms: float | None = None
+    last_start_ms: float | None = None
+
+
+class LiveSession:
+    """A live talking head: idle loop when silent, speech as it arrives, instant barge-in.
+
+    Thread-safe: outputs are pulled from render threads while speech and interrupts come from
+    request handlers. Heavy work (rendering) happens in the caller's thread."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        packet: Packet,
+        *,
+        fps: float | Fraction = 25,
+        out_rate: int = OUT_RATE,
+        time_source: TimeSource | None = None,
+        render_ahead: int = 4,
+        prebuffer_s: float = 0.12,
+        session_id: str | None = None,
+        engine_name: str | None = None,
+        on_close: Callable[["LiveSession"], None] | None = None,
+    ):
+        self.id = session_id or uuid.uuid4().hex[:16]
+        self.engine = engine
+        self.engine_name = engine_name or engine.name
+        self.packet = packet
+        self.avatar_id = packet.id
+        self.fps = as_fraction(fps)
+        self.out_rate = int(out_rate)
+        self.render_ahead = max(1, int(render_ahead))
+        self.prebuffer_s = float(prebuffer_s)
+        self.clock = MediaClock(self.fps, time_source, self.out_rate)
+        self.layer = engine.load_avatar(packet)
+        self.stream = StreamSession(engine, self.layer, background_for(engine, packet), self.fps)
+        self._idle = IdleFrames.for_session(engine, packet, self.stream)
+        self.width, self.height = packet.size
+        self.stats = SessionStats()
+        self.created = time.time()
+        self._lock = threading.RLock()
+        self._on_close = on_close
+        self._closed = False
+        self._current: Utterance | None = None  # on air (start_frame set) or buffering
+        self._ahead: dict[int, torch.Tensor] = {}  # frames rendered ahead, by index
+        self._vk = 0  # next video frame a consumer will get
+        self._as = 0  # next output-audio sample a consumer will get
+        self._underrun_past = 0.0
+        self.last_frame_at = time.monotonic()
+
+    # ---------------------------------------------------------------- properties
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def state(self) -> State:
+        with self._lock:
+            if self._closed:
+                return "closed"
+            self._retire()
+            u = self._current
+            if u is None:
+                return "idle"
+            if u.start_frame is None:
+                return "buffering"
+            return "speaking"
+
+    @property
+    def video_cursor(self) -> int:
+        return self._vk
+
+    @property
+    def audio_cursor(self) -> int:
+        return self._as
+
+    @property
+    def underrun_s(self) -> float:
+        """Seconds of silence inserted because streamed speech arrived late."""
+        u = self._current
+        return self._underrun_past + (u.underrun_samples / u.src_rate if u is not None else 0.0)
+
+    def info(self) -> dict[str, Any]:
+        s = self.stats
+        return {
+            "id": self.id,
+            "avatar": self.avatar_id,
+            "engine": self.engine_name,
+            "state": self.state,
+            "fps": float(self.fps),
+            "width": self.width,
+            "height": self.height,
+            "sample_rate": self.out_rate,
+            "media_time": round(self.clock.now(), 4),
+            "video_frame": self._vk,
+            "audio_sample": self._as,
+            "av_offset_ms": round((self._as / self.out_rate - self._vk / float(self.fps)) * 1000, 2),
+            "frames_out": s.frames_out,
+            "frames_rendered": s.frames_rendered,
+            "speech_frames": s.speech_frames,
+            "utterances": s.utterances,
+            "interrupts": s.interrupts,
+            "barge_ins": s.barge_ins,
+            "dropped_frames": s.dropped_frames,
+            "underrun_ms": round(self.underrun_s * 1000, 1),
+            "skipped_frames": s.skipped_frames,
+            "last_cut_ms": s.last_cut_ms,
+            "last_start_ms": s.last_start_ms,
+        }
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SessionClosedError(f"session {self.id} is closed")
+
+    # ---------------------------------------------------------------- speech input
+    def speak(self, audio: Audio | str | Any, sample_rate: int | None = None) -> dict[str, Any]:
+        """Say a whole piece of audio now (barge-in over whatever is playing).
+
+        audio: an `Audio`, a path/bytes decodable by `load_audio`, or an array with
+        `sample_rate`. Returns where it starts on the timeline."""
+        a = _as_audio(audio, sample_rate)
+        utt = Utterance(self, a.sample_rate, streamed=False)
+        utt.feed(a.samples.mean(axis=0) if a.channels > 1 else a.samples[0])
+        utt.finish()  # the conditioner works through the whole input here, outside the lock
+        with self._lock:
+            self._check_open()
+            return self._replace(utt)
+
+    def begin_speech(self, sample_rate: int) -> str:
+        """Start a streamed utterance (barge-in); feed it with `push_speech`, end with `end_speech`."""
+        utt = Utterance(self, sample_rate, streamed=True)
+        with self._lock:
+            self._check_open()
+            self._replace(utt)
+            return utt.id
+
+    def push_speech(self, pcm: np.ndarray, sample_rate: int | None = None) -> None:
+        """Append streamed PCM (mono, or (channels, n)); starts an utterance if none is open."""
+        arr = np.asarray(pcm)
+        if arr.size == 0:
+            return
+        a = audio_from_array(arr, int(sample_rate or (self._current.src_rate if self._current else OUT_RATE)))
+        mono = a.samples.mean(axis=0) if a.channels > 1 else a.samples[0]
+        with self._lock:
+            self._check_open()
+            u = self._current
+            if u is None or not u.streamed or u.closed or u.src_rate != a.sample_rate:
+                u = Utterance(self, a.sample_rate, streamed=True)
+                self._replace(u)
+            u.feed(mono)
+            self._maybe_start(u)
+
+    def end_speech(self) -> None:
+        """The streamed utterance's input ended: play out what arrived, then idle."""
+        with self._lock:
+            u = self._current
+            if u is not None and u.streamed and not u.closed:
+                u.finish()
+                self._maybe_start(u)
+
+    def interrupt(self) -> dict[str, Any]:
+        """Cut the current utterance now; the avatar goes back to the idle loop."""
+        with self._lock:
+            self._check_open()
+            was = self._current is not None
+            info = self._cut()
+            if was:
+                self.stats.interrupts += 1
+            info["interrupted"] = was
+            return info
+
+    # ---------------------------------------------------------------- timeline
+    def _cut(self) -> dict[str, Any]:
+        """End the current utterance at the consumers' positions and drop frames rendered ahead."""
+        now = self.clock.now()
+        u = self._current
+        dropped = 0
+        if u is not None:
+            dropped = sum(1 for k in self._ahead if self._is_speech_frame(u, k))
+            self._underrun_past += u.underrun_samples / u.src_rate
+        self._ahead = {}  # everything rendered ahead is >= the video cursor: re-rendered as needed
+        self.stats.dropped_frames += dropped
+        self._current = None
+        # media-time latency of the cut: when the first frame / audio block not yet handed
+        # out (so no longer carrying the old speech) is due, relative to now
+        cut_t = max(self.clock.video_time(self._vk), self.clock.audio_time(self._as))
+        latency = max(0.0, cut_t - now) * 1000
+        if u is not None:
+            self.stats.last_cut_ms = round(latency, 2)
+        return {"cut_frame": self._vk, "cut_sample": self._as, "media_time": round(now, 6), "cut_latency_ms": round(latency, 2), "dropped_frames": dropped}
+
+    @staticmethod
+    def _is_speech_frame(u: Utterance, k: int) -> bool:
+        return u.start_frame is not None and k >= u.start_frame and not u.ended_by(k - u.start_frame)
+
+    def _finished(self, u: Utterance) -> bool:
+        """Both tracks are past the utterance's end (or the clock is well past it, for a
+        consumer that pulls only one track)."""
+        if u.total_frames is None or u.start_frame is None:
+            return False
+        end_frame = u.start_frame + u.total_frames
+        end_sample = self.clock.frame_sample(u.start_frame) + u.out.count
+        if self._vk >= end_frame and self._as >= end_sample:
+            return True
+        return self.clock.now() > max(self.clock.video_time(end_frame), self.clock.audio_time(end_sample)) + 0.5
+
+    def _retire(self) -> None:
+        u = self._current
+        if u is not None and self._finished(u):
+            self._underrun_past += u.underrun_samples / u.src_rate
+            self._current = None
+
+    def _replace(self, utt: Utterance) -> dict[str, Any]:
+        if self._current is not None:
+            self.stats.barge_ins += 1
+        cut = self._cut()
+        self._current = utt
+        self.stats.utterances += 1
+        self._maybe_start(utt)
+        return {"utterance": utt.id, "start_frame": utt.start_frame, "cut": cut}
+
+    def _maybe_start(self, u: Utterance) -> None:
+        if u.start_frame is not None or u is not self._current:
+            return
+        if not (u.closed or u.buffered_s >= self.prebuffer_s):
+            return
+        now = self.clock.now()
+        f0 = max(self._vk, self.clock.frame_of_sample(self._as), self.clock.next_frame(now))
+        u.start_frame = f0
+        self._ahead = {k: v for k, v in self._ahead.items() if k < f0}
+        self.stats.last_start_ms = round(max(0.0, self.clock.video_time(f0) - now) * 1000, 2)
+
+    def _segment(self, k: int) -> tuple[Utterance | None, int]:
+        """What frame k shows: (utterance, frames of it from k) or (None, idle frames from k)."""
+        self._retire()
+        u = self._current
+        if u is not None and u.start_frame is None:
+            self._maybe_start(u)
+        if u is None or u.start_frame is None:
+            return None, 1 << 30
+        if k < u.start_frame:
+            return None, u.start_frame - k
+        j = k - u.start_frame
+        if u.ended_by(j):
+            return None, 1 << 30
+        return u, (u.total_frames - j) if u.total_frames is not None else 1 << 30
+
+    # ---------------------------------------------------------------- video output
+    def video_frame(self, k: int) -> torch.Tensor:
+        """NV12 frame k, (H*3//2, W) uint8 on the CPU. Consumers ask in increasing order.
+
+        Frames of the idle loop may be shared: treat the result as read-only."""
+        return self.video_frames(k, 1, stack=False)[0]
+
+    def video_frames(self, k: int, n: int, output: str = "nv12", stack: bool = True) -> torch.Tensor | list[torch.Tensor]:
+        """Frames [k, k+n) as (n, H*3//2, W) NV12 (or (n, H, W, 3) RGB) uint8 on the CPU."""
+        out: list[torch.Tensor] = []
+        with self._lock:
+            self._check_open()
+            if k > self._vk:
+                self.stats.skipped_frames += k - self._vk
+            i = k
+            while i < k + n:
+                f = self._ahead.pop(i, None)
+                if f is None:
+                    self._render_into_ahead(i, max(self.render_ahead, k + n - i))
+                    f = self._ahead.pop(i)
+                out.append(f)
+                i += 1
+            self._ahead = {j: v for j, v in self._ahead.items() if j >= k + n}
+            self._vk = max(self._vk, k + n)
+            u = self._current
+            if u is not None and u.start_frame is not None:
+                u.release_driving_before(self._vk - u.start_frame)
+            self.stats.frames_out += n
+            self._retire()
+        self.last_frame_at = time.monotonic()
+        if not stack and output == "nv12":
+            return out
+        frames = torch.stack(out)
+        if output == "rgb":
+            frames = nv12_to_rgb(frames)
+        return frames
+
+    def _render_into_ahead(self, k: int, n: int) -> None:
+        u, span = self._segment(k)
+        m = max(1, min(n, span))
+        if u is None and self._idle is not None:
+            for i in range(k, k + m):
+                self._ahead[i] = self._idle.frame(i, self.stream)
+            return
+        if u is None:
+            frames = self.stream.idle_frames(k, m, "nv12")
+        else:
+            assert u.start_frame is not None
+            driving = u.driving(k - u.start_frame, m, self)
+            m = int(driving.shape[0])
+            frames = self.stream.render_frames(k, driving, "nv12")
+            self.stats.speech_frames += m
+        frames = frames.to("cpu") if frames.device.type != "cpu" else frames
+        self.stats.frames_rendered += m
+        for i in range(m):
+            self._ahead[k + i] = frames[i]
+
+    # ---------------------------------------------------------------- audio output
+    def audio_samples(self, s: int, n: int) -> np.ndarray:
+        """Output samples [s, s+n) (mono float32 at `out_rate`): speech or silence."""
+        with self._lock:
+            self._check_open()
+            out = np.zeros(n, np.float32)
+            u = self._current
+            if u is not None and u.start_frame is None:
+                self._maybe_start(u)
+            if u is not None and u.start_frame is not None:
+                a0 = self.clock.frame_sample(u.start_frame)
+                lo, hi = max(s, a0), s + n
+                if u.total_frames is not None:
+                    hi = min(hi, a0 + u.out.count)
+                if hi > lo:
+                    out[lo - s : hi - s] = u.audio(lo - a0, hi - a0)
+                u.out.release_before(s + n - a0)
+            self._as = max(self._as, s + n)
+            self.stats.audio_samples_out += n
+            self._retire()
+            return out
+
+    # ---------------------------------------------------------------- closing
+    def close(self) -> None:
+        """Free everything this session holds (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._current = None
+            self._ahead = {}
+            self._idle = None
+            self.stream = None  # type: ignore[assignment]
+            self.layer = None  # type: ignore[assignment]
+            cb, self._on_close = self._on_close, None
+        if cb is not None:
+            cb(self)
+
+
+class IdleFrames:
+    """The idle loop (avatar frames, mouth closed), rendered once per loop frame and shared by
+    every session of an engine on that avatar.
+
+    Valid when the engine's idle driving is the same for every frame (a closed mouth), so an
+    idle frame depends only on its loop index; kept only while the whole loop fits in
+    `budget` bytes (a photo is one frame; a long HD loop is rendered on the fly instead)."""
+
+    BUDGET = 96 << 20
+
+    def __init__(self, packet: Packet, n_frames: int):
+        self.n_frames = n_frames
+        self.frames: dict[int, torch.Tensor] = {}
+        self.lock = threading.Lock()
+        self.manifest = packet.manifest
+
+    @classmethod
+    def for_session(cls, engine: Engine, packet: Packet, stream: StreamSession) -> "IdleFrames | None":
+        w, h = packet.size
+        if packet.n_frames * w * h * 3 // 2 > cls.BUDGET:
+            return None
+        probe = engine.idle_driving(2)
+        if probe is not None and not bool(torch.all(probe == probe[:1])):
+            return None  # idle motion changes over time: not cacheable by loop index
+        from pathlib import Path
+
+        cache: dict[str, IdleFrames] = engine.__dict__.setdefault("_idle_frames_cache", {})
+        key = str(Path(packet.path).resolve())
+        got = cache.get(key)
+        if got is None or got.manifest is not packet.manifest and got.manifest != packet.manifest:
+            got = cache[key] = cls(packet, packet.n_frames)
+        return got
+
+    def frame(self, k: int, stream: StreamSession) -> torch.Tensor:
+        from .engines.base import pingpong_index
+
+        src = int(pingpong_index(k, self.n_frames))
+        f = self.frames.get(src)
+        if f is None:
+            f = stream.idle_frames(src, 1, "nv12")[0]
+            f = f.to("cpu") if f.device.type != "cpu" else f
+            with self.lock:
+                self.frames.setdefault(src, f)
+        return f
+
+
+def _as_audio(audio: Any, sample_rate: int | None) -> Audio:
+    if isinstance(audio, Audio):
+        return audio
+    if isinstance(audio, tuple) and len(audio) == 2:
+        return audio_from_array(audio[0], int(audio[1]))
+    if isinstance(audio, (np.ndarray, torch.Tensor)):
+        if sample_rate is None:
+            raise ValueError("an audio array needs sample_rate=")
+        return audio_from_array(audio, int(sample_rate))
+    return load_audio(audio)
+
+
+# --------------------------------------------------------------------------------------
+# many sessions
+
+
+class SessionManager:
+    """Live sessions under a cap. A slot is reserved before the (possibly slow) session build,
+    so concurrent requests can never exceed `max_sessions`."""
+
+    def __init__(self, max_sessions: int = 8):
+        self.max_sessions = int(max_sessions)
+        self._sessions: dict[str, LiveSession] = {}
+        self._reserved = 0
+        self._lock = threading.Lock()
+        self.opened_total = 0
+        self.closed_total = 0
+
+    def open(self, factory: Callable[..., LiveSession], **kw: Any) -> LiveSession:
+        with self._lock:
+            if len(self._sessions) + self._reserved >= self.max_sessions:
+                raise SessionLimitError(f"too many live sessions: the limit is {self.max_sessions}; close one and retry")
+            self._reserved += 1
+        try:
+            session = factory(on_close=self._forget, **kw)
+        except BaseException:
+            with self._lock:
+                self._reserved -= 1
+            raise
+        with self._lock:
+            self._reserved -= 1
+            self._sessions[session.id] = session
+            self.opened_total += 1
+        return session
+
+    def _forget(self, session: LiveSession) -> None:
+        with self._lock:
+            if self._sessions.pop(session.id, None) is not None:
+                self.closed_total += 1
+
+    def get(self, session_id: str) -> LiveSession:
+        with self._lock:
+            s = self._sessions.get(session_id)
+        if s is None:
+            raise KeyError(session_id)
+        return s
+
+    def close(self, session_id: str) -> bool:
+        try:
+            s = self.get(session_id)
+        except KeyError:
+            return False
+        s.close()
+        return True
+
+    def close_all(self) -> None:
+        for s in self.list():
+            s.close()
+
+    def list(self) -> list[LiveSession]:
+        with self._lock:
+            return list(self._sessions.values())
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+    def using_avatar(self, avatar_id: str) -> int:
+        return sum(1 for s in self.list() if s.avatar_id == avatar_id)
+
+
+def evict_avatar(engine: Engine, packet_path: str) -> None:
+    """Drop an avatar's cached device tensors from an engine (after the avatar is deleted)."""
+    from pathlib import Path
+
+    key = str(Path(packet_path).resolve())
+    cache = engine.__dict__.get("_background_cache")
+    if isinstance(cache, dict):
+        cache.pop(key, None)
+    layers = engine.__dict__.get("_layers")
+    if isinstance(layers, dict):
+        layers.pop(key, None)
+    idle = engine.__dict__.get("_idle_frames_cache")
+    if isinstance(idle, dict):
+        idle.pop(key, None)
+
+
+def drive_simulated(
+    session: LiveSession,
+    time_source: ScaledTime,
+    until: float,
+    *,
+    audio_block: int = 960,
+    on_video: Callable[[int, torch.Tensor], None] | None = None,
+    on_audio: Callable[[int, np.ndarray], None] | None = None,
+    before: Callable[[float], None] | None = None,
+) -> None:
+    """Play a session in simulated time: pull video frames and `audio_block`-sample audio
+    blocks in the order they fall due, pinning the clock to each due time, until media time
+    `until`. This is what the real-time consumers (WebRTC tracks) do, minus the waiting, so a
+    test can run an hour of media in seconds. `before(t)` runs before each pull (e.g. to
+    feed streamed speech that has "arrived" by t)."""
+    fps = session.fps
+    rate = session.out_rate
+    while True:
+        k, s = session.video_cursor, session.audio_cursor
+        tv, ta = Fraction(k) / fps, Fraction(s, rate)
+        t = min(tv, ta)
+        if t > until + 1e-9:
+            return
+        time_source.set(session.clock.origin + float(t))
+        if before is not None:
+            before(float(t))
+        if tv <= ta:
+            f = session.video_frame(k)
+            if on_video is not None:
+                on_video(k, f)
+        else:
+            a = session.audio_samples(s, audio_block)
+            if on_audio is not None:
+                on_audio(s, a)

@@ -1,0 +1,461 @@
+"""Live sessions (newsstudio.live) without HTTP: idle loop, speech, barge-in, one media clock,
+session cap, memory freed on close. Classic engine on CPU, 256x256 avatars, simulated time."""
+from __future__ import annotations
+
+import gc
+import math
+import tracemalloc
+import weakref
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from newsstudio.audio.source import frame_sample
+from newsstudio.engines.base import pingpong_index
+from newsstudio.live import (
+    LiveSession,
+    MediaClock,
+    ScaledTime,
+    SessionLimitError,
+    SessionManager,
+    drive_simulated,
+    has_speech,
+)
+from newsstudio.media.audio import Audio, load_audio
+from newsstudio.stream import StreamSession, background_for, resolve_engine
+
+HELLO = Path(__file__).resolve().parents[1] / "src" / "newsstudio" / "assets" / "hello.flac"
+FPS = 25
+SR = 48000
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    # Sessions render from several threads; one intra-op thread each avoids OpenMP spinning
+    # on a loaded 2-core machine (what the server does on CPU too).
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def avatars(tmp_path_factory):
+    """A 256x256 photo avatar and a 6-frame 256x256 video-loop avatar, from skimage's astronaut."""
+    from PIL import Image
+    from skimage import data
+
+    from newsstudio.avatar.prebake import prebake
+    from newsstudio.media.mp4_writer import encode_clip
+
+    d = tmp_path_factory.mktemp("live_avatars")
+    img = data.astronaut()
+    Image.fromarray(img).save(d / "astronaut.png")
+    photo = prebake(d / "astronaut.png", "astro", root=d / "avatars", size=(256, 256), progress=False)
+    frames = np.stack([np.ascontiguousarray(img[8 + 2 * i : 456 + 2 * i, 20 + 3 * i : 468 + 3 * i]) for i in range(6)])
+    encode_clip(d / "loop.mp4", [frames], fps=25, pixel_input="rgb", crf=10)
+    loop = prebake(d / "loop.mp4", "loop", root=d / "avatars", size=(256, 256), progress=False)
+    assert loop.n_frames == 6
+    return {"photo": photo, "loop": loop}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return resolve_engine("classic", "cpu")
+
+
+@pytest.fixture(scope="module")
+def hello():
+    return load_audio(HELLO)
+
+
+def new_session(engine, packet, **kw):
+    ts = ScaledTime()
+    ts.set(0.0)
+    return LiveSession(engine, packet, fps=FPS, time_source=ts, **kw), ts
+
+
+def mouth_box(packet, pad=3):
+    lm = packet.array("landmarks68")[0][48:68]
+    x0, y0 = np.floor(lm.min(0)).astype(int) - pad
+    x1, y1 = np.ceil(lm.max(0)).astype(int) + pad
+    return x0, y0, x1, y1
+
+
+def mouth_diff(frame, ref, box):
+    x0, y0, x1, y1 = box
+    a = frame[y0:y1, x0:x1].float()
+    b = ref[y0:y1, x0:x1].float()
+    return float((a - b).abs().mean())
+
+
+def roi_outside_equal(frame, ref, packet, k):
+    """Pixels outside the frame's ROI box are untouched (luma and chroma)."""
+    ox, oy = (int(v) for v in packet.array("roi/origins")[int(pingpong_index(k, packet.n_frames))])
+    rw, rh = packet.meta["roi"]["size"]
+    h = packet.size[1]
+    mask = torch.ones_like(frame, dtype=torch.bool)
+    mask[oy : oy + rh, ox : ox + rw] = False
+    mask[h + oy // 2 : h + (oy + rh + 1) // 2, ox : ox + rw] = False
+    return bool(torch.equal(frame[mask], ref[mask]))
+
+
+def idle_frame(engine, packet, k):
+    fresh = StreamSession(engine, engine.load_avatar(packet), background_for(engine, packet), Fraction(FPS))
+    return fresh.idle_frames(k, 1, "nv12")[0]
+
+
+def collect(session, ts, until, **kw):
+    video: dict[int, torch.Tensor] = {}
+    audio: dict[int, np.ndarray] = {}
+    drive_simulated(session, ts, until, on_video=lambda k, f: video.__setitem__(k, f.clone()), on_audio=lambda s, a: audio.__setitem__(s, a.copy()), **kw)
+    return video, audio
+
+
+def audio_stream(audio: dict[int, np.ndarray]) -> np.ndarray:
+    keys = sorted(audio)
+    assert all(b - a == audio[a].size for a, b in zip(keys, keys[1:]))  # contiguous
+    return np.concatenate([audio[k] for k in keys])
+
+
+# ----------------------------------------------------------------------------------- idle
+
+
+def test_idle_frames_equal_avatar_loop(engine, avatars):
+    packet = avatars["loop"]
+    s, ts = new_session(engine, packet)
+    video, audio = collect(s, ts, 1.0)
+    assert sorted(video) == list(range(26))
+    fresh = StreamSession(engine, engine.load_avatar(packet), background_for(engine, packet), Fraction(FPS))
+    loop = packet.tensor("frames_nv12")
+    for k, f in video.items():
+        src = int(pingpong_index(k, packet.n_frames))
+        # exactly the engine's closed-mouth rendering of loop frame pingpong(k) ...
+        assert torch.equal(f, fresh.idle_frames(k, 1, "nv12")[0]), k
+        # ... which is the avatar's own frame everywhere outside the mouth ROI
+        assert roi_outside_equal(f, loop[src], packet, k), k
+        # the loop plays forwards then backwards: frame k equals every frame with the same source
+        twin = 2 * packet.n_frames - 1 - src
+        if twin in video and twin != k and int(pingpong_index(twin, packet.n_frames)) == src:
+            assert torch.equal(f, video[twin])
+    assert not torch.equal(video[0], video[3])  # the loop really moves
+    assert all(not a.any() for a in audio.values())  # silence while idle
+    assert s.state == "idle"
+    s.close()
+
+
+def test_silence_keeps_mouth_closed(engine, avatars):
+    """Streamed silence (and room noise far below the gate) moves nothing."""
+    packet = avatars["photo"]
+    s, ts = new_session(engine, packet)
+    idle, _ = collect(s, ts, 0.2)
+    rng = np.random.default_rng(0)
+    s.push_speech((rng.standard_normal(SR) * 10 ** (-75 / 20)).astype(np.float32), SR)
+    s.end_speech()
+    video, audio = collect(s, ts, 1.5)
+    assert s.stats.speech_frames > 0
+    for f in video.values():
+        assert torch.equal(f, idle[0])
+
+
+# ----------------------------------------------------------------------------------- speech
+
+
+def test_whole_file_speech_moves_mouth_in_sync(engine, avatars, hello):
+    packet = avatars["photo"]
+    s, ts = new_session(engine, packet)
+    idle, _ = collect(s, ts, 0.5)
+    ref = idle[0]
+    placed = s.speak(HELLO)  # a path: decoded here, any format FFmpeg reads
+    f0 = placed["start_frame"]
+    assert f0 == s.video_cursor
+    assert s.state == "speaking"
+    video, audio = collect(s, ts, 0.5 + hello.duration_s + 0.6)
+    box = mouth_box(packet)
+    n_speech = math.ceil(hello.duration_s * FPS)
+    diffs = np.array([mouth_diff(video[k], ref, box) for k in range(f0, f0 + n_speech)])
+    assert (diffs > 3.0).mean() > 0.3, f"mouth rarely moves: {np.percentile(diffs, [10, 50, 90])}"
+    assert diffs.max() > 8.0
+    for k in range(f0, f0 + n_speech):
+        assert roi_outside_equal(video[k], ref, packet, k)
+    # before and after the utterance: the idle loop
+    for k, f in video.items():
+        if k < f0 or k >= f0 + n_speech:
+            assert torch.equal(f, ref), k
+    assert s.state == "idle"
+    # audio: the speech, resampled to 48 kHz, starting exactly at frame f0's first sample
+    out = audio_stream(audio)
+    base = min(audio)
+    expected = hello.mono().resampled(SR).samples[0]
+    a0 = frame_sample(f0, SR, Fraction(FPS))
+    assert not out[: a0 - base].any()  # silence until the utterance's first frame
+    seg = out[a0 - base : a0 - base + expected.size]
+    assert np.abs(seg - expected).max() < 2e-3  # starts on frame f0's first sample, same sound
+    assert not out[a0 - base + expected.size + 960 :].any()  # silence after
+    s.close()
+
+
+def test_streamed_speech_plays_as_it_arrives_and_underruns_stay_in_sync(engine, avatars, hello):
+    packet = avatars["photo"]
+    s, ts = new_session(engine, packet, prebuffer_s=0.1)
+    speech = hello.mono().resampled(SR).samples[0][: SR * 2]
+    # 20 ms chunks arriving in real time from t=0.30 s, with a 1 s network stall at 1.0 s
+    stall_after = 35  # chunk 35 arrives at 1.00 s, chunk 36 at 2.02 s
+    chunks = [(0.30 + 0.02 * i + (1.0 if i > stall_after else 0.0), speech[i * 960 : (i + 1) * 960]) for i in range(speech.size // 960)]
+    pending = list(chunks)
+
+    def feed(now):
+        while pending and pending[0][0] <= now:
+            s.push_speech(pending.pop(0)[1], SR)
+        if not pending and s.state != "idle" and not getattr(feed, "ended", False):
+            s.end_speech()
+            feed.ended = True
+
+    video, audio = collect(s, ts, 4.0, before=feed)
+    info = s.info()
+    f0 = int(round(0.30 * FPS)) + 3  # starts once 0.1 s is buffered (+ one frame boundary)
+    ref = video[0]
+    box = mouth_box(packet)
+    first_moving = next(k for k in sorted(video) if mouth_diff(video[k], ref, box) > 1.0)
+    assert abs(first_moving - f0) <= 2, (first_moving, f0)
+    assert info["underrun_ms"] >= 900  # the stall became silence inside the utterance ...
+    out = audio_stream(audio)
+    # ... and the audio that arrived plays contiguously, bit-exact (48 kHz in, 48 kHz out)
+    nz = np.flatnonzero(np.abs(out) > 0)
+    a0 = nz[0]
+    assert a0 % 1920 == 0  # starts on a frame boundary (1920 samples per 25 fps frame)
+    played = out[a0:]
+    n_before = (stall_after + 1) * 960
+    np.testing.assert_array_equal(played[:n_before], speech[:n_before])
+    gap = played[n_before:]
+    resume = int(np.argmax(np.abs(gap) > 0))
+    assert 0.9 * SR <= resume <= 1.2 * SR
+    rest = speech[n_before:]
+    np.testing.assert_array_equal(gap[resume : resume + rest.size], rest)
+    # during the stall the mouth closes (after the jaw's ~0.5 s release) and stays closed: the
+    # silence is inside the utterance for both tracks
+    stall_frames = range((a0 + n_before) // 1920 + 15, (a0 + n_before + resume) // 1920 - 1)
+    assert len(stall_frames) > 5
+    for k in stall_frames:
+        assert mouth_diff(video[k], ref, box) < 0.5, k
+    s.close()
+
+
+# ----------------------------------------------------------------------------------- barge-in
+
+
+def _first_idle_after(video, ref, box, k0):
+    return next(k for k in sorted(video) if k >= k0 and mouth_diff(video[k], ref, box) == 0.0)
+
+
+def test_interrupt_cuts_within_100ms_and_drops_queued_frames(engine, avatars, hello):
+    packet = avatars["photo"]
+    s, ts = new_session(engine, packet, render_ahead=8)
+    idle, _ = collect(s, ts, 0.1)
+    ref = idle[0]
+    s.speak(hello)
+    collect(s, ts, 1.23)
+    assert s.state == "speaking"
+    t_cut = 1.23
+    ts.set(t_cut)
+    info = s.interrupt()
+    assert info["interrupted"] and info["cut_latency_ms"] <= 100
+    assert info["dropped_frames"] > 0  # frames rendered ahead were thrown away
+    video, audio = collect(s, ts, 2.5)
+    box = mouth_box(packet)
+    # every frame and every audio block handed out after the cut is idle / silent
+    k_first = min(video)
+    assert (k_first / FPS) - t_cut <= 0.100
+    for f in video.values():
+        assert mouth_diff(f, ref, box) == 0.0
+    s_first = min(audio)
+    assert s_first / SR - t_cut <= 0.100
+    assert all(not a.any() for a in audio.values())
+    assert s.state == "idle" and s.stats.interrupts == 1
+    s.close()
+
+
+def test_new_speech_barges_in_with_fresh_conditioner(engine, avatars, hello):
+    packet = avatars["photo"]
+    a = hello
+    b = Audio(np.ascontiguousarray(hello.samples[:, hello.sample_rate * 2 :]), hello.sample_rate)
+    s, ts = new_session(engine, packet, render_ahead=6)
+    s.speak(a)
+    collect(s, ts, 1.5)
+    t_cut = 1.5
+    placed = s.speak(b)
+    f0 = placed["start_frame"]
+    assert placed["cut"]["cut_latency_ms"] <= 100
+    assert (f0 / FPS) - t_cut <= 0.100
+    video, audio = collect(s, ts, 3.0)
+    # reference: a fresh session that says only b, starting at the same frame
+    r, rts = new_session(engine, packet)
+    collect(r, rts, (f0 - 1) / FPS)
+    assert r.video_cursor == f0
+    assert r.speak(b)["start_frame"] == f0
+    rv, ra = collect(r, rts, 3.0)
+    for k in range(f0, max(video) + 1):
+        assert torch.equal(video[k], rv[k]), k  # no state carried over from utterance a
+    common = sorted(set(audio) & set(ra))
+    assert common and all(np.array_equal(audio[x], ra[x]) for x in common)
+    assert s.stats.barge_ins == 1
+    s.close()
+    r.close()
+
+
+# ----------------------------------------------------------------------------------- one clock
+
+
+def test_one_hour_simulated_no_av_drift(engine, avatars, hello):
+    """An hour of media in simulated time: idle, whole-file speech, streamed speech, interrupts.
+    Audio samples handed out and video frames handed out never differ by more than one frame,
+    end exactly together, and an utterance near the end still starts its sound and its mouth
+    motion on the same frame."""
+    packet = avatars["photo"]
+    s, ts = new_session(engine, packet)
+    short = Audio(np.ascontiguousarray(hello.samples[:, : hello.sample_rate * 2]), hello.sample_rate)
+    rng = np.random.default_rng(1)
+    events = {}
+    for m in range(1, 60, 7):
+        events[m * 60.0] = ("speak", None)
+        events[m * 60.0 + 30] = ("stream", None)
+    events[22 * 60.0 + 0.7] = ("interrupt", None)
+    worst = [0.0]
+    frame_s = 1.0 / FPS
+    state = {"streaming": None}
+
+    def before(t):
+        for et in [e for e in events if e <= t]:
+            kind, _ = events.pop(et)
+            if kind == "speak":
+                s.speak(short)
+            elif kind == "stream":
+                state["streaming"] = [t, 0]
+            else:
+                s.interrupt()
+        st = state["streaming"]
+        if st is not None:
+            while st[0] + st[1] * 0.02 <= t and st[1] < 50:
+                s.push_speech((rng.standard_normal(960) * 0.1).astype(np.float32), SR)
+                st[1] += 1
+            if st[1] >= 50:
+                s.end_speech()
+                state["streaming"] = None
+        d = abs(s.audio_cursor / SR - s.video_cursor / FPS)
+        worst[0] = max(worst[0], d)
+
+    hour = 3600.0
+    drive_simulated(s, ts, hour - 5.0, before=before)
+    assert worst[0] <= frame_s + 1e-9, worst[0]
+    assert s.stats.utterances >= 16 and s.stats.interrupts == 1
+    # a click train near the end: sound onset and mouth onset on the same frame
+    click = np.zeros(SR // 2, np.float32)
+    click[: SR // 5] = (np.cos(2 * np.pi * 800 * np.arange(SR // 5) / SR) * 0.5).astype(np.float32)
+    placed = s.speak(Audio(click[None], SR))
+    f0 = placed["start_frame"]
+    video, audio = collect(s, ts, hour)
+    out_start = min(audio)
+    out = audio_stream(audio)
+    first_sound = out_start + int(np.argmax(np.abs(out) > 1e-3))
+    assert first_sound == frame_sample(f0, SR, Fraction(FPS))
+    ref = idle_frame(engine, packet, 0)
+    box = mouth_box(packet)
+    first_open = next(k for k in sorted(video) if mouth_diff(video[k], ref, box) > 1.0)
+    assert first_open == f0
+    # the hour ends with exactly 90,000 frames and 172,800,000 samples handed out
+    assert s.video_cursor == int(hour * FPS) + 1
+    assert s.audio_cursor == int(hour * SR) + 960
+    assert abs(s.audio_cursor / SR - s.video_cursor / FPS) <= frame_s
+    assert s.stats.skipped_frames == 0
+    s.close()
+
+
+def test_media_clock_is_exact():
+    c = MediaClock(Fraction(30000, 1001), time_source=lambda: 0.0)
+    k = 30000 * 3600  # ~33 hours of 29.97 fps
+    assert c.video_pts(k) == k * 3003
+    assert c.frame_sample(k) == k * 1001 * 48000 // 30000
+    assert c.frame_of_sample(c.frame_sample(k)) == k
+    c25 = MediaClock(Fraction(25), time_source=lambda: 0.0)
+    assert c25.next_frame(3600.0) == 90000 and c25.frame_at(3600.0 - 1e-6) == 89999
+
+
+# ----------------------------------------------------------------------------------- limits
+
+
+def test_session_cap(engine, avatars):
+    mgr = SessionManager(max_sessions=2)
+
+    def make(**kw):
+        return LiveSession(engine, avatars["photo"], fps=FPS, **kw)
+
+    a = mgr.open(make)
+    b = mgr.open(make)
+    with pytest.raises(SessionLimitError, match="limit is 2"):
+        mgr.open(make)
+    assert mgr.count() == 2
+    a.close()
+    assert mgr.count() == 1
+    c = mgr.open(make)
+    assert {s.id for s in mgr.list()} == {b.id, c.id}
+    # a failing build releases its reserved slot
+    with pytest.raises(RuntimeError):
+        mgr.open(lambda **kw: (_ for _ in ()).throw(RuntimeError("boom")))
+    mgr.close_all()
+    assert mgr.count() == 0 and mgr.closed_total == 3
+
+
+def test_memory_freed_on_close(engine, avatars, hello):
+    packet = avatars["photo"]
+    cuda = torch.cuda.is_available()
+    dev_engine = resolve_engine("classic", "cuda") if cuda else engine
+
+    def run_once(keep_refs):
+        s, ts = new_session(dev_engine, packet, render_ahead=8)
+        s.speak(hello)
+        collect(s, ts, 1.0)
+        s.push_speech(np.random.default_rng(0).standard_normal(SR).astype(np.float32) * 0.1, SR)
+        collect(s, ts, 1.5)
+        if keep_refs is not None:
+            keep_refs += [weakref.ref(s), weakref.ref(s._current), weakref.ref(s.stream)]
+            keep_refs += [weakref.ref(f) for f in s._ahead.values()]
+            keep_refs += [weakref.ref(t) for t in s._current._driving]
+        s.close()
+        assert s.state == "closed"
+        with pytest.raises(Exception, match="closed"):
+            s.video_frame(s.video_cursor)
+
+    run_once(None)  # warm the engine's shared caches (avatar layer, idle loop)
+    gc.collect()
+    if cuda:
+        torch.cuda.synchronize()
+        before_gpu = torch.cuda.memory_allocated()
+    tracemalloc.start()
+    try:
+        gc.collect()
+        base = tracemalloc.get_traced_memory()[0]
+        refs: list = []
+        run_once(refs)
+        gc.collect()
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(refs) > 5
+    alive = [r for r in refs if r() is not None]
+    assert not alive, f"{len(alive)} objects survive close()"
+    assert after - base < 256 * 1024, f"{(after - base) / 1024:.0f} KiB still held"
+    if cuda:
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_allocated() == before_gpu
+
+
+def test_speech_detector():
+    sr = 16000
+    t = np.arange(sr) / sr
+    assert has_speech((0.2 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), sr)
+    assert not has_speech(np.zeros(sr, np.float32), sr)
+    assert not has_speech(np.full(sr, 0.5, np.float32), sr)  # DC offset is not speech
+    assert not has_speech((0.5 * np.sin(2 * np.pi * 40 * t)).astype(np.float32), sr)  # rumble
