@@ -222,7 +222,8 @@ def _prepared_mask(opts: PrebakeOptions, frame_rgb: np.ndarray, landmarks: np.nd
 
 def fp16_error(latents: np.ndarray) -> tuple[float, float, bool]:
     """(relative L2 error, max abs error, all finite) of storing float32 latents as float16."""
-    half = latents.astype(np.float16)
+    with np.errstate(over="ignore"):
+        half = latents.astype(np.float16)
     finite = bool(np.isfinite(half).all())
     d = half.astype(np.float64) - latents.astype(np.float64)
     ref = float(np.linalg.norm(latents.astype(np.float64)))
