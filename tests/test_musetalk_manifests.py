@@ -491,3 +491,38 @@ def test_fetch_places_files_in_official_layout(tmp_path, monkeypatch):
     assert W.missing_files(tmp_path) == []
     assert ("openai/whisper-tiny", "pytorch_model.bin") in calls
     assert W.fetch(tmp_path, include_optional=False) == []  # nothing left to do
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_matches_cpu(tiny, tiny_encoder):
+    """Same code on CUDA (TF32 off, as exactness needs): features, latents, UNet, decode."""
+    prev = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        dev = torch.device("cuda")
+        y = _noise_speech(16000 * 2, 3)
+        enc_gpu = W.random_whisper_encoder(7, dev, config=TINY_WHISPER)
+        cpu = af.audio_prompts(tiny_encoder, torch.from_numpy(y), 25)
+        gpu = af.audio_prompts(enc_gpu, torch.from_numpy(y).to(dev), 25)
+        assert gpu.device.type == "cuda" and float((gpu.cpu() - cpu).norm() / cpu.norm()) < 1e-5
+        s = af.StreamingAudioFeatures(enc_gpu, 25)
+        st = torch.cat([s.push(y[:16000]), s.push(y[16000:]), s.finish()])
+        assert st.shape == cpu.shape and st.device.type == "cuda"
+        imgs = torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+        vae_gpu = W.random_vae(5, dev, config=TINY_VAE)
+        assert torch.equal(mt_vae.preprocess(imgs.to(dev), half_mask=True).cpu(), mt_vae.preprocess(imgs, half_mask=True))
+        lat_c, lat_g = mt_vae.latents_for_unet(tiny.vae, imgs), mt_vae.latents_for_unet(vae_gpu, imgs.to(dev))
+        assert float((lat_g.cpu() - lat_c).norm() / lat_c.norm()) < 1e-5
+        g = torch.Generator(dev).manual_seed(0)
+        assert mt_vae.latents_for_unet(vae_gpu, imgs, sample=True, generator=g).device.type == "cuda"
+        unet_gpu = W.random_unet(5, dev, config=TINY_UNET)
+        c = torch.randn(2, 50, 16, generator=torch.Generator().manual_seed(1))
+        o_c, o_g = mt_unet.unet_step(tiny.unet, lat_c, c), mt_unet.unet_step(unet_gpu, lat_g, c.to(dev))
+        assert float((o_g.cpu() - o_c).norm() / o_c.norm()) < 1e-5
+        img_c, img_g = mt_vae.decode_to_uint8(tiny.vae, o_c), mt_vae.decode_to_uint8(vae_gpu, o_g)
+        assert img_g.device.type == "cuda" and (img_g.cpu().int() - img_c.int()).abs().max() <= 1
+        # half precision runs end to end
+        half = mt_unet.unet_step(W.random_unet(5, dev, torch.float16, config=TINY_UNET), lat_g, c.to(dev))
+        assert half.dtype == torch.float16 and torch.isfinite(half).all()
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = prev
