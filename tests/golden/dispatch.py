@@ -20,3 +20,14 @@ def checkers(engine: str) -> dict[str, Checker]:
             assert kind not in found, f"kind {kind!r} handled twice ({path.name})"
             found[kind] = fn
     return found
+
+
+def run_case(engine: str, path: Path) -> None:
+    """Load one case file and run the checker registered for its `kind` (missing = failure)."""
+    from golden.golden_io import load_case
+
+    tensors, meta = load_case(path)
+    kind = meta.get("kind")
+    check = checkers(engine).get(kind)
+    assert check is not None, f"{path.name}: no checker for kind {kind!r}"
+    check(tensors, meta)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from golden.dispatch import checkers
-from golden.golden_io import case_files, load_case
+from golden.dispatch import run_case
+from golden.golden_io import case_files
 
 CASES = case_files("ditto")
 
@@ -12,11 +12,7 @@ CASES = case_files("ditto")
 @pytest.mark.golden
 @pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
 def test_case(path):
-    tensors, meta = load_case(path)
-    kind = meta.get("kind")
-    check = checkers("ditto").get(kind)
-    assert check is not None, f"{path.name}: no checker for kind {kind!r}"
-    check(tensors, meta)
+    run_case("ditto", path)
 
 
 def test_cases_present():
