@@ -1,0 +1,440 @@
+"""The Ditto engine: HuBERT features -> LMDM motion windows -> motion stitch -> warp + SPADE decode.
+
+Stages (engines/base.py), all on the engine's device:
+
+1. ``conditioner(fps)`` (25 fps only, Ditto's training rate): the reference's online HuBERT
+   windowing (``wav2feat.StreamingWav2Feat``: 6480-sample windows every 5 frames, 3 frames of
+   left context and 2 of look-ahead) -> one 1024-d row per video frame. The stream is cut to
+   ceil(samples / 640) rows at ``close``.
+2. ``driver(layer)`` (:class:`DittoDriver`): per frame the 1103-d condition
+   [audio 1024 | emotion 8 | eye open 2 | eye ball 6 | source kp 63] (``ConditionHandler``),
+   then ``lmdm.MotionWindowStream`` (80-frame windows, DDIM with batched classifier-free
+   guidance, cross-fade over ``overlap_v2`` frames, moving-average smoothing) which hands out
+   motion rows as soon as no later window can change them, then ``MotionStitcher`` (relative
+   driving, lip/eye rows, stitching MLP). Driving = ``(B, 2, 21, 3)``: source and driving
+   keypoints of each output frame.
+3. ``render``: ``WarpingNetwork(f_s[frame], x_s, x_d)`` -> ``SPADEDecoder`` -> (B, 3, 512, 512)
+   -> ``compose.splice.sample_crops_to_roi`` with the packet's per-frame grids: the crop lands in
+   the avatar's Ditto ROI exactly like the reference's ``cv2.warpAffine(render, M_c2o)``, with
+   the reference's feathered ``get_mask`` as alpha. Float16 (with autocast) on CUDA like the
+   reference wrappers; LMDM and the stitching MLP in float32.
+
+Online mode, and one deliberate difference: the reference's online pipeline puts ``overlap_v2``
+rows of silence features in front of the audio (a warm-up so the first window needs only
+``80 - overlap_v2`` audio frames) and takes the relative-driving reference ``d0`` from the first
+generated row; we do the same. It then emits rows starting ``80 - fuse`` rows into the first
+window, which for ``overlap_v2`` < 40 (the setup default is 10) shows audio frame
+``80 - 2*overlap_v2`` on output frame 0 (a 2.4 s lag at the default); we emit motion row
+``overlap_v2 + k`` on output frame k, i.e. frame k shows audio frame k.
+
+Idle: ``idle_driving`` returns NaN keypoints, which ``render`` replaces by each frame's own
+source keypoints (x_d = x_s): the avatar at rest, the exact source frame through the networks.
+
+Options: any :class:`config.DittoConfig` field as a keyword (``steps=2``, ``overlap_v2=...``,
+``emo=3``...), on top of the official config pickle when the models folder has one. For tests and
+quick benchmarks, ``NEWSSTUDIO_DITTO_OPTIONS`` may hold a JSON object of such options (explicit
+keywords win): e.g. ``{"input_size": 128, "hubert_layers": 2}`` shrinks the networks' input and
+the random HuBERT - developer use only, never for real output.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...avatar.packet import Packet, PacketError, open_packet
+from ...compose.splice import sample_crops_to_roi
+from ..base import AvatarLayer, Engine, FrameQueue, TensorFrameQueue, pingpong_index
+from .config import DittoConfig, load_config
+from .lmdm import DDIMSampler, MotionWindowStream
+from .motion_stitch import MotionStitchConfig, MotionStitcher, motion_rows_to_info, source_kp_cond, transform_info
+from .registration import INFO_KEYS, expected_meta, prebake_ditto, prebake_mismatch
+from .wav2feat import SAMPLES_PER_FRAME, StreamingWav2Feat, wav2feat_offline
+from .weights import DittoModels, build_random, load_official
+
+SAMPLE_RATE = 16000
+FPS = 25
+OPTIONS_ENV = "NEWSSTUDIO_DITTO_OPTIONS"
+
+_MODEL_CACHE: OrderedDict[tuple, DittoModels] = OrderedDict()
+_MODEL_CACHE_SIZE = 2
+_MODEL_LOCK = threading.Lock()
+
+
+def get_models(weights: str, models_dir: Path, salt: int, device: torch.device, dtype: torch.dtype,
+               cfg: DittoConfig, hubert: str | Path | None = None) -> DittoModels:
+    """Build or load the networks once per process (engines with equal settings share them)."""
+    key = (weights, str(models_dir.resolve()), salt, str(device), str(dtype), cfg.motion_feat_dim, cfg.audio_feat_dim,
+           cfg.seq_frames, cfg.hubert_layers if weights == "random" else None, str(hubert))
+    with _MODEL_LOCK:
+        m = _MODEL_CACHE.get(key)
+        if m is not None:
+            _MODEL_CACHE.move_to_end(key)
+            return m
+        if weights == "random":
+            m = build_random(salt, device, dtype, cfg)
+        else:
+            m = load_official(models_dir, device, dtype, cfg, hubert=hubert)
+        _MODEL_CACHE[key] = m
+        while len(_MODEL_CACHE) > _MODEL_CACHE_SIZE:
+            _MODEL_CACHE.popitem(last=False)
+        return m
+
+
+def env_options() -> dict[str, Any]:
+    raw = os.environ.get(OPTIONS_ENV, "").strip()
+    if not raw:
+        return {}
+    try:
+        opts = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{OPTIONS_ENV} must be a JSON object of Ditto options ({e})") from None
+    if not isinstance(opts, dict):
+        raise ValueError(f"{OPTIONS_ENV} must be a JSON object of Ditto options, got {type(opts).__name__}")
+    return opts
+
+
+# ---------------------------------------------------------------------------------- conditioner
+
+
+class DittoConditioner(FrameQueue):
+    """16 kHz mono PCM in, HuBERT rows (n, 1024) float32 on the device out (online windowing)."""
+
+    def __init__(self, encoder, device: torch.device, chunksize: tuple[int, int, int] = (3, 5, 2), batch_size: int = 8):
+        self.w2f = StreamingWav2Feat(encoder, chunksize, batch_size)
+        self.device = device
+        self._queue = TensorFrameQueue()
+        self._samples = 0
+        self._emitted = 0
+        self.closed = False
+
+    def _emit(self, feats: torch.Tensor, limit: int | None = None) -> None:
+        if feats.numel() == 0:
+            return
+        if limit is not None:
+            feats = feats[: max(0, limit - self._emitted)]
+        if feats.shape[0]:
+            self._queue.push(feats.to(self.device, torch.float32))
+            self._emitted += int(feats.shape[0])
+
+    def push(self, value: Any) -> None:
+        if self.closed:
+            raise RuntimeError("push() after close()")
+        pcm = value.detach().to("cpu", torch.float32).reshape(-1) if isinstance(value, torch.Tensor) else torch.from_numpy(
+            np.ascontiguousarray(np.asarray(value, np.float32).reshape(-1)))
+        self._samples += int(pcm.shape[0])
+        self._emit(self.w2f.push(pcm))
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._emit(self.w2f.finish(), limit=math.ceil(self._samples / SAMPLES_PER_FRAME))
+        self._queue.close()
+
+    @property
+    def ready(self) -> int:
+        return self._queue.ready
+
+    def take(self, n: int) -> torch.Tensor:
+        return self._queue.take(n)
+
+
+# ---------------------------------------------------------------------------------------- driver
+
+
+class DittoDriver(FrameQueue):
+    """HuBERT rows in, per-frame keypoints ``(n, 2, 21, 3)`` [x_s, x_d] out (see the module doc).
+
+    ``start_frame`` is the output frame index of this driver's first frame (0 for the stream
+    runner); it picks the source frame (ping-pong loop) whose motion each frame is stitched onto.
+    Set it before the first ``push`` when the stream starts elsewhere on the avatar's loop."""
+
+    def __init__(self, engine: "DittoEngine", layer: AvatarLayer, start_frame: int = 0):
+        cfg = engine.config
+        self.cfg = cfg
+        self.engine = engine
+        self.layer = layer
+        self.device = engine.device
+        self.start_frame = start_frame
+        d = layer.data
+        self.n_src = layer.n_frames
+        self.x_s_info: dict[str, torch.Tensor] = d["x_s_info"]
+        gen = torch.Generator(device=self.device).manual_seed(int(cfg.seed))
+        self.sampler = DDIMSampler(engine.models.lmdm, steps=int(cfg.steps), eta=1.0, generator=gen)
+        self.stream = MotionWindowStream(self.sampler, d["kp_cond"], overlap=cfg.overlap_v2, smooth_k=cfg.smo_k_d,
+                                         fix_kp_cond=cfg.fix_kp_cond, fix_kp_cond_dim=cfg.fix_kp_cond_dim)
+        self.warmup = cfg.overlap_v2
+        self._cond_idx = -self.warmup
+        self._started = False
+        self._rows_in = 0  # motion rows received from the window stream (warm-up included)
+        self._frames = 0  # frames stitched
+        self._out = TensorFrameQueue()
+        self.closed = False
+        self.first_output_at_rows: int | None = None  # condition rows pushed when the first frame came out
+        self.stitcher = MotionStitcher(engine.models.stitch)
+        is_image = self.n_src == 1
+        first = {k: v[:1] for k, v in self.x_s_info.items()}
+        self.stitcher.setup(
+            MotionStitchConfig(
+                N_d=-1, use_d_keys=cfg.use_d_keys, relative_d=cfg.relative_d, drive_eye=cfg.drive_eye,
+                delta_eye_arr=None if cfg.delta_eye_arr is None else torch.as_tensor(cfg.delta_eye_arr, device=self.device),
+                delta_eye_open_n=cfg.delta_eye_open_n, fade_out_keys=cfg.fade_out_keys, fade_type=cfg.fade_type,
+                flag_stitching=cfg.flag_stitching, is_image_flag=is_image, overall_ctrl_info=dict(cfg.overall_ctrl_info)),
+            x_s_info=first, d0=None, rng=random.Random(int(cfg.seed)))
+        if not is_image and self.stitcher.drive_eye:  # gaze reference = the loop's first frame, as the reference
+            from .motion_stitch import bin66_to_degree
+
+            self.stitcher.pose_s = (bin66_to_degree(first["yaw"]), bin66_to_degree(first["pitch"]))
+
+    # -- conditions -----------------------------------------------------------------------------
+    def conditions(self, feats: torch.Tensor) -> torch.Tensor:
+        """Condition rows (n, 1103) for audio rows (n, 1024) at absolute frames ``_cond_idx`` ...
+        (negative = warm-up; clamped to 0 for the per-frame source lookups, as the reference)."""
+        cfg, d, dev = self.cfg, self.layer.data, self.device
+        n = feats.shape[0]
+        idx = torch.arange(self._cond_idx, self._cond_idx + n, device=dev).clamp_min(0)
+        parts = [feats.to(dev, torch.float32)]
+        if cfg.use_emo:
+            emo = d["emo"]
+            parts.append(emo.expand(n, -1) if emo.shape[0] == 1 else emo[idx % emo.shape[0]])
+        src = pingpong_index(idx + self.start_frame, self.n_src)
+        for key, use in (("eye_open", cfg.use_eye_open), ("eye_ball", cfg.use_eye_ball)):
+            if use:
+                arr = d[key]
+                parts.append(arr[:1].expand(n, -1) if (arr.shape[0] == 1 or cfg.eye_f0_mode) else arr[src])
+        if cfg.use_sc:
+            parts.append(d["sc"].expand(n, -1))
+        self._cond_idx += n
+        return torch.cat(parts, dim=-1)
+
+    # -- FrameQueue -----------------------------------------------------------------------------
+    def push(self, value: torch.Tensor) -> None:
+        if self.closed:
+            raise RuntimeError("push() after close()")
+        feats = value.to(self.device, torch.float32)
+        if not self._started:
+            self._started = True
+            if self.warmup:
+                feats = torch.cat([self.engine.silence_features(self.warmup), feats])
+        if feats.shape[0] == 0:
+            return
+        self._consume(self.stream.push(self.conditions(feats)))
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._started:
+            self._consume(self.stream.finish())
+        self._out.close()
+
+    @property
+    def ready(self) -> int:
+        return self._out.ready
+
+    def take(self, n: int) -> torch.Tensor:
+        return self._out.take(n)
+
+    # -- motion -> keypoints --------------------------------------------------------------------
+    def _consume(self, rows: torch.Tensor) -> None:
+        if rows.shape[0] == 0:
+            return
+        if self._rows_in == 0 and self.cfg.relative_d:
+            self.stitcher.d0 = motion_rows_to_info(rows[:1])  # the first generated row, as the online reference
+        skip = max(0, self.warmup - self._rows_in)
+        self._rows_in += int(rows.shape[0])
+        rows = rows[skip:]
+        if rows.shape[0] == 0:
+            return
+        n = int(rows.shape[0])
+        frames = pingpong_index(torch.arange(self._frames, self._frames + n, device=self.device) + self.start_frame, self.n_src)
+        x_s_info = self.x_s_info if self.n_src == 1 else {k: v.index_select(0, frames) for k, v in self.x_s_info.items()}
+        res = self.stitcher(x_s_info, motion_rows_to_info(rows))
+        self._out.push(torch.stack([res.x_s.expand(n, -1, -1), res.x_d], dim=1).to(torch.float32))
+        if self.first_output_at_rows is None:
+            self.first_output_at_rows = self._cond_idx
+        self._frames += n
+
+
+# ---------------------------------------------------------------------------------------- engine
+
+
+class DittoEngine(Engine):
+    """Ditto (PyTorch release) on one device.
+
+    weights: ``"official"`` (the release layout under ``models``) or ``"random"`` (seeded with
+    ``salt``; outputs are marked). ``hubert``: optional transformers HuBERT folder to use instead
+    of the release's ONNX encoder. ``reprebake``: recompute a packet's Ditto arrays made with other
+    weights/settings (True) or raise (False). ``compile``: ``torch.compile`` warp + decoder.
+    Further keywords: :class:`config.DittoConfig` fields (see the module doc).
+    """
+
+    name = "ditto"
+    sample_rate = SAMPLE_RATE
+
+    def __init__(
+        self,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+        *,
+        weights: str = "official",
+        models: str | Path | None = None,
+        salt: int = 0,
+        hubert: str | Path | None = None,
+        reprebake: bool = True,
+        compile: bool = False,
+        prebake_batch: int | None = None,
+        **options: Any,
+    ):
+        device = torch.device(device)
+        if dtype is None:
+            dtype = torch.float16 if device.type == "cuda" else torch.float32
+        super().__init__(device, dtype)
+        if weights not in ("official", "random"):
+            raise ValueError(f"weights must be 'official' or 'random', got {weights!r}")
+        from ..registry import models_dir as _models_dir
+
+        self.models_dir = _models_dir(models)
+        self.weights = weights
+        self.random_weights = weights == "random"
+        self.salt = int(salt) if self.random_weights else None
+        opts = {**env_options(), **options}
+        if not self.random_weights and opts.get("hubert_layers") is not None:
+            raise ValueError("hubert_layers (a test architecture) needs weights='random'")
+        self.config = load_config(self.models_dir, **opts)
+        if self.random_weights:
+            print(f"WARNING: Ditto is using SEEDED RANDOM WEIGHTS (salt {self.salt}); its output is marked and is not "
+                  "a real model's output (benchmarks/tests only).", file=sys.stderr)
+        self.models = get_models(weights, self.models_dir, self.salt or 0, device, dtype, self.config, hubert)
+        self.weights_id = self.models.weights_id()
+        self.reprebake = reprebake
+        self.prebake_batch = prebake_batch or (16 if device.type == "cuda" else 2)
+        self._warp = torch.compile(self.models.warp) if compile else self.models.warp
+        self._decoder = torch.compile(self.models.decoder) if compile else self.models.decoder
+        self._silence: dict[int, torch.Tensor] = {}
+        self._layers: dict[str, AvatarLayer] = {}
+        self._lock = threading.RLock()
+
+    # -- prebake ----------------------------------------------------------------------------------
+    def expected_meta(self) -> dict[str, Any]:
+        return expected_meta(self.config, self.weights_id)
+
+    def prebake(self, packet: Packet, progress: bool = True, force: bool = False) -> Packet:
+        """Add the ``ditto/...`` arrays (no-op when present for these weights and settings)."""
+        if not force and prebake_mismatch(packet, self.expected_meta()) is None:
+            return packet
+        try:
+            return prebake_ditto(packet, self.models, self.config, weights_id=self.weights_id,
+                                 batch_size=self.prebake_batch, progress=progress)
+        except PermissionError as e:
+            raise PacketError(f"avatar packet {packet.path} is not writable, so Ditto's arrays cannot be added ({e}); "
+                              "prebake it where it can be written (`newsstudio prebake ... --engines ditto`)") from e
+
+    # -- avatar -----------------------------------------------------------------------------------
+    def load_avatar(self, packet: Packet) -> AvatarLayer:
+        with self._lock:
+            expected = self.expected_meta()
+            why = prebake_mismatch(packet, expected)
+            if why is not None:
+                fresh = open_packet(packet.path)  # the caller's view may be stale
+                if prebake_mismatch(fresh, expected) is None:
+                    packet, why = fresh, None
+            if why is not None:
+                had = packet.engine_meta("ditto") is not None
+                if had and not self.reprebake:
+                    raise PacketError(f"avatar {packet.id!r} ({packet.path}): {why}. Prebake it again for this engine "
+                                      "(`newsstudio prebake SOURCE --engines ditto`) or allow re-prebaking.")
+                if had:
+                    print(f"ditto: re-prebaking avatar {packet.id!r}: {why}", file=sys.stderr)
+                packet = self.prebake(packet, progress=True, force=True)
+            key = str(Path(packet.path).resolve())
+            sha = packet.specs["ditto/f_s"].sha256 + packet.specs["ditto/grid"].sha256
+            cached = self._layers.get(key)
+            if cached is not None and cached.data.get("sha") == sha:
+                return cached
+            layer = self._make_layer(packet)
+            layer.data["sha"] = sha
+            self._layers = {key: layer}
+            return layer
+
+    def _make_layer(self, packet: Packet) -> AvatarLayer:
+        dev = self.device
+        n = packet.n_frames
+        wr, hr = (int(v) for v in packet.engine_meta("ditto")["roi"])
+        resident = dev.type != "cpu"  # on the CPU the memory maps are gathered from directly
+
+        def put(name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+            t = packet.tensor(name)
+            if resident:
+                t = t.to(dev)
+            return t if dtype is None else t.to(dtype)
+
+        f_s = put("ditto/f_s")
+        grid = put("ditto/grid")
+        origins = put("ditto/origins", torch.long).to(dev)
+        masks = packet.tensor("ditto/mask").to(dev).to(torch.float16 if dev.type == "cuda" else torch.float32).div_(255.0)
+        x_s_info = {k: packet.tensor(f"ditto/x_s_info_{k}").to(dev, torch.float32) for k in INFO_KEYS}
+        if f_s.shape[0] != n or grid.shape != (n, hr, wr, 2) or masks.shape != (n, hr, wr) or origins.shape != (n, 2):
+            raise PacketError(f"avatar {packet.id!r}: Ditto arrays have inconsistent shapes")
+        data = {
+            "f_s": f_s,
+            "grid": grid,
+            "x_s_info": x_s_info,
+            "x_s": transform_info(x_s_info).to(torch.float32),  # (N, 21, 3) source keypoints per frame
+            "kp_cond": source_kp_cond(x_s_info).to(dev, torch.float32),
+            "sc": packet.tensor("ditto/sc").to(dev, torch.float32).reshape(1, 63),
+            "eye_open": packet.tensor("ditto/eye_open").to(dev, torch.float32),
+            "eye_ball": packet.tensor("ditto/eye_ball").to(dev, torch.float32),
+            "emo": torch.from_numpy(self.config.emotion_rows()).to(dev, torch.float32),
+        }
+        return AvatarLayer(self.name, packet, dev, (hr, wr), origins, masks, data)
+
+    # -- stages -----------------------------------------------------------------------------------
+    def conditioner(self, fps: float) -> FrameQueue:
+        if abs(float(fps) - FPS) > 1e-9:
+            raise ValueError(f"Ditto generates motion at {FPS} fps only (its LMDM was trained at 25 fps); got fps={fps:g}. "
+                             "Render at 25 fps and resample the video afterwards if another rate is needed.")
+        return DittoConditioner(self.models.hubert, self.device, tuple(self.config.chunksize))
+
+    def driver(self, layer: AvatarLayer) -> FrameQueue:
+        return DittoDriver(self, layer)
+
+    def silence_features(self, n: int) -> torch.Tensor:
+        """HuBERT rows of ``n`` frames of silence (the online warm-up), computed once per length."""
+        if n not in self._silence:
+            with torch.inference_mode():
+                feats = wav2feat_offline(torch.zeros(n * SAMPLES_PER_FRAME), self.models.hubert, tuple(self.config.chunksize))
+            self._silence[n] = feats.to(self.device, torch.float32)
+        return self._silence[n]
+
+    def render(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> torch.Tensor:
+        dev = self.device
+        d = layer.data
+        idx = frame_idx.to(dev)
+        with torch.inference_mode():
+            src_idx = idx.to(d["f_s"].device)
+            f_s = d["f_s"].index_select(0, src_idx).to(dev, self.dtype, non_blocking=True)
+            grid = d["grid"].index_select(0, src_idx).to(dev, non_blocking=True)
+            x_src = d["x_s"].index_select(0, idx)
+            drv = driving.to(dev, torch.float32)
+            x_s = torch.where(torch.isnan(drv[:, 0]), x_src, drv[:, 0])
+            x_d = torch.where(torch.isnan(drv[:, 1]), x_src, drv[:, 1])
+            with torch.autocast(device_type="cuda", dtype=torch.float16, enabled=dev.type == "cuda"):
+                feat = self._warp(f_s, x_s.to(self.dtype), x_d.to(self.dtype))
+                img = self._decoder(feat)
+            crops = img.float().clamp_(0, 1).mul_(255.0)
+            return sample_crops_to_roi(crops, grid)
+
+    def idle_driving(self, n: int) -> torch.Tensor | None:
+        """The avatar at rest: NaN keypoints, which ``render`` replaces by each frame's x_s."""
+        return torch.full((n, 2, 21, 3), float("nan"), device=self.device)
