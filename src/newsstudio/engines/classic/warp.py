@@ -24,6 +24,9 @@ JAW_WEIGHTS = {3: 0.15, 4: 0.35, 5: 0.6, 6: 0.8, 7: 0.92, 8: 1.0, 9: 0.92, 10: 0
 ANCHORS = tuple(range(17, 48)) + (0, 1, 2, 14, 15, 16)
 MAX_GAP = 0.11  # inner-lip gap at full opening, as a fraction of face height
 CORNER_SPREAD = 0.045  # corner motion at full spread, fraction of face width
+REST_GAP = 0.03  # an inner-lip gap below this fraction of face height counts as a closed mouth
+CLOSE_OVERLAP = 0.012  # closed lips overlap by this fraction of face height
+UPPER_SHARE_CLOSING = 0.4  # share of a closing done by the upper lip
 COARSE = 4  # the displacement field is evaluated every COARSE pixels
 
 
@@ -41,19 +44,27 @@ def target_landmarks(lm: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
     up = list(UPPER_INNER)
     lo = list(LOWER_INNER)
     gap_src = (lm[:, lo, 1] - lm[:, up, 1]).mean(1)
-    gap = opening * MAX_GAP * fh
-    delta = gap - gap_src  # how far the lower lip travels (negative closes an open source mouth)
+    # A source at rest (lips together or barely parted) keeps its own rest shape as "closed";
+    # a source caught mid-speech is closed, the lips overlapping slightly so no sliver of
+    # teeth survives.
+    at_rest = gap_src < REST_GAP * fh
+    closed = torch.where(at_rest, gap_src, -CLOSE_OVERLAP * fh)
+    gap = closed + opening * MAX_GAP * fh
+    change = gap - gap_src  # negative closes an open source mouth
+    # opening moves the jaw (lower lip); closing meets in the middle, as lips do
+    close = change.clamp_max(0)
+    delta = change.clamp_min(0) + (1 - UPPER_SHARE_CLOSING) * close
     out = lm.clone()
     dy = torch.zeros_like(lm[..., 1])
     for i in LOWER_INNER + LOWER_OUTER:
         dy[:, i] = delta
     for i, wgt in JAW_WEIGHTS.items():
         dy[:, i] = delta * wgt
-    lift = -0.12 * delta.clamp_min(0)
+    lift = -0.12 * change.clamp_min(0) - UPPER_SHARE_CLOSING * close
     for i in UPPER_INNER + UPPER_OUTER:
         dy[:, i] = lift
     for i in CORNERS:
-        dy[:, i] = 0.45 * delta
+        dy[:, i] = 0.45 * change.clamp_min(0)
     out[..., 1] += dy
     centre_x = lm[:, [48, 54], 0].mean(1)
     dx = spread * CORNER_SPREAD * fw - 0.25 * opening * CORNER_SPREAD * fw
@@ -127,6 +138,16 @@ def _inside_polygon(poly: torch.Tensor, hw: tuple[int, int], box: tuple[int, int
     return acc / 4
 
 
+def _chaikin(poly: torch.Tensor, iterations: int = 2) -> torch.Tensor:
+    """Corner-cutting subdivision of closed polygons (B, P, 2): lips are curves, not hexagons."""
+    for _ in range(iterations):
+        nxt = torch.roll(poly, -1, dims=1)
+        q = 0.75 * poly + 0.25 * nxt
+        r = 0.25 * poly + 0.75 * nxt
+        poly = torch.stack([q, r], dim=2).reshape(poly.shape[0], -1, 2)
+    return poly
+
+
 def warp_mouth(roi: torch.Tensor, lm: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
     """Render a batch: roi (B, H, W, 3) uint8/float, ROI-space landmarks (B, 68, 2), params (B, 3)
     -> (B, H, W, 3) float in [0, 255]."""
@@ -144,7 +165,7 @@ def warp_mouth(roi: torch.Tensor, lm: torch.Tensor, params: torch.Tensor) -> tor
     out = F.grid_sample(img, grid, mode="bilinear", padding_mode="border", align_corners=False)
 
     # Paint the interior of the new (target) inner-lip polygon.
-    inner = dst[:, [60, 61, 62, 63, 64, 65, 66, 67]]
+    inner = _chaikin(dst[:, [60, 61, 62, 63, 64, 65, 66, 67]])
     lo = inner.amin(dim=(0, 1)).floor().long().tolist()
     hi = inner.amax(dim=(0, 1)).ceil().long().tolist()
     box = (max(0, lo[0] - 2), max(0, lo[1] - 2), min(w, hi[0] + 3), min(h, hi[1] + 3))
