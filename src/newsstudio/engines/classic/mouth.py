@@ -28,6 +28,7 @@ DYNAMIC_DB = 26.0  # from (peak - DYNAMIC_DB) to the peak the jaw goes from clos
 PEAK_DECAY_DB_S = 2.0
 ATTACK_S = 0.030
 RELEASE_S = 0.080
+SPREAD_S = 0.060  # lip spread/rounding changes a little more slowly than the jaw
 N_PARAMS = 3  # opening, spread(+)/rounding(-), level (0..1)
 
 
@@ -50,6 +51,7 @@ class MouthConditioner(FrameQueue):
         self.closed = False
         self.peak_db = GATE_DBFS + DYNAMIC_DB
         self.open_state = 0.0
+        self.spread_state = 0.0
         self.out = TensorFrameQueue()
 
     def _centre(self, i: int) -> int:
@@ -105,7 +107,9 @@ class MouthConditioner(FrameQueue):
         alpha = 1.0 - math.exp(-dt / tau)
         self.open_state += alpha * (target - self.open_state)
         centroid = float((spec[self.band] * self.freqs[self.band]).sum()) / total
-        spread = max(-1.0, min(1.0, (centroid - 1500.0) / 1000.0)) if target > 0 else 0.0
+        spread_target = max(-1.0, min(1.0, (centroid - 1500.0) / 1000.0)) if target > 0 else 0.0
+        self.spread_state += (1.0 - math.exp(-dt / SPREAD_S)) * (spread_target - self.spread_state)
+        spread = self.spread_state
         level = min(1.0, max(0.0, (level_db - GATE_DBFS) / 40.0))
         return [self.open_state if self.open_state > 1e-3 else 0.0, spread, level]
 
