@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import sys
 from pathlib import Path
 
 import cv2
@@ -35,6 +36,7 @@ from newsstudio.media.video import iter_video_frames, probe_video
 from newsstudio.stream import stream_generator
 
 TINY = {"unet_config": TINY_UNET_CONFIG, "vae_config": TINY_VAE_CONFIG}
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _speechlike(seconds: float, sr: int, channels: int = 1) -> np.ndarray:
@@ -361,3 +363,56 @@ def test_registry_and_bad_options(tmp_path):
         create_engine("musetalk", device="cpu", weights="official", models=tmp_path)
     eng = create_engine("musetalk", device="cpu", weights="random", **TINY)
     assert eng.name == "musetalk" and eng.random_weights and eng.sample_rate == 16000 and eng.dtype == torch.float32
+
+
+# ------------------------------------------------------------------------------ reference pipeline
+
+def test_reference_pipeline_equals_ours(tiny, video_packet, tmp_path):
+    """benchmarks/musetalk_reference.py (official layout, PIL blending on the CPU) and our pipeline
+    (grid resize + NV12 splice on the device) give the same frames, ping-pong cycle included."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks.musetalk_reference import build_reference_avatar, run_reference
+    from newsstudio.compose.colour import rgb_to_nv12
+
+    packet = tiny.prebake(_copy_packet(video_packet, tmp_path / "v"), progress=False)
+    wav = tmp_path / "a.wav"
+    write_wav(wav, Audio(_speechlike(0.45, 16000), 16000))  # one 0.5 s block: streamed prompts are exact
+    folder = build_reference_avatar(packet, tmp_path / "official" / "moving")
+    ref = run_reference(tiny.models, folder, wav, 25, batch_size=5, keep_frames=True)
+    assert ref.frames == len(ref.kept) == 11 and ref.first_frame_s <= ref.total_s
+    ours = torch.cat([c["frames"] for c in stream_generator(tiny, packet, wav, fps=25, chunk_frames=4)])
+    assert ours.shape[0] == math.ceil(0.45 * 25) == ref.frames + 1  # the reference floors the frame count
+    w, h = packet.size
+    band = random_weights_banner((w, h), torch.device("cpu")).alpha.shape[0]
+    theirs = rgb_to_nv12(torch.from_numpy(np.stack(ref.kept)[..., ::-1].copy()))
+    d = (ours[: ref.frames].int() - theirs.int()).abs()
+    d[:, :band] = 0  # our random-weights banner
+    d[:, h : h + band // 2] = 0
+    bg = packet.tensor("frames_nv12").index_select(0, pingpong_index(torch.arange(ref.frames), packet.n_frames))
+    moved = (theirs.int() - bg.int()).abs()
+    moved[:, :band] = 0
+    for k in range(ref.frames):
+        x1, y1, x2, y2 = packet.array("musetalk/crop_boxes")[int(pingpong_index(k, packet.n_frames))]
+        assert moved[k, y1:y2, x1:x2].float().mean() > 5, "the reference changed nothing"
+    assert d.max() <= 3, d.max()
+    assert (d > 1).float().mean() < 1e-3
+
+
+def test_benchmark_section_runs_on_cpu(video_packet, tmp_path, capsys):
+    """benchmarks/musetalk_bench.py end to end on tiny inputs (the GPU run uses the same code)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks.musetalk_bench import print_table, run_section
+
+    wav = tmp_path / "a.wav"
+    write_wav(wav, Audio(_speechlike(1.2, 22050, channels=2), 22050))
+    packet = _copy_packet(video_packet, tmp_path / "v")
+    sec = run_section(packet, "cpu", 0.25, 4, 1, tmp_path / "work", quick=True, audio=wav, official_repeat=1)
+    assert sec["ours"]["frames"] == math.ceil(0.25 * 25) and sec["reference"]["frames"] == 6
+    for k in ("dense_fps", "dense_fps_on_device", "ttff_ms", "segment_mp4_s"):
+        assert sec["ours"][k] > 0
+    assert sec["reference"]["dense_fps"] > 0 and sec["cold_start"]["ratio"] > 0
+    assert sec["flops_per_frame"]["total_gflop"] > 0 and sec["tiny_test_networks"]
+    print_table(sec)
+    assert "dense fps" in capsys.readouterr().out
