@@ -1,0 +1,346 @@
+"""Run a callable on fixed-shape batches so torch.compile and CUDA graphs see static shapes.
+
+    runner = StaticBatchRunner(lambda z: vae.decode(z).sample, 16, (z_example,), mode="cudagraph")
+    images = runner(z)          # any batch size: padded up to 16 (or split), sliced back
+
+Inputs: positional tensors, all batched along dim 0 (close over anything else in `fn`). A short
+batch is padded by repeating its last row (real data, never zeros: no NaN from norms of empty
+rows), a long one is split into chunks of `batch_size` and the outputs concatenated. Outputs: a
+tensor or a tuple / list / dict of tensors; tensors whose leading dim is `batch_size` are sliced
+back to the caller's batch.
+
+Modes:
+* ``eager``: `fn` as is (padding only).
+* ``compile``: `torch.compile(fn, mode=compile_mode, dynamic=False)`, compile_mode
+  "max-autotune-no-cudagraphs" by default. Short or oddly strided batches go through one staging
+  buffer per input, so the compiled graph sees one shape and one layout (no recompiles).
+  (`backend=` another torch.compile backend and `allow_cpu_compile=True` exist for CPU tests.)
+* ``cudagraph``: manual `torch.cuda.CUDAGraph` capture of `fn` over static input buffers after
+  warm-up on a side stream; each call copies the inputs into those buffers (host tensors
+  included: pinned memory makes that copy asynchronous) and replays the graph.
+* ``compile+cudagraph``: with `cudagraph_compile_mode=None` (default) the compiled `fn` is captured
+  by the same manual graph (one compile, no cudagraph-tree bookkeeping); with "reduce-overhead" or
+  "max-autotune" torch.compile's own CUDA graphs are used instead.
+
+Without CUDA (CPU tensors, or no GPU) every mode runs eager and says so once in the log. The
+compile modes point Inductor at a stable cache folder first (`accel.cache`), and the time of the
+first (compiling) call is kept in `compile_seconds`, the capture time in `capture_seconds`.
+
+Graph outputs live in the graph's static buffers: with `copy_outputs=True` (default) the caller
+gets copies; with False it gets views that the next call overwrites.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from .cache import configure_compile_cache
+
+log = logging.getLogger(__name__)
+
+MODES = ("eager", "compile", "cudagraph", "compile+cudagraph")
+_SAID: set[str] = set()
+
+
+def _say_once(msg: str) -> None:
+    if msg not in _SAID:
+        _SAID.add(msg)
+        log.warning(msg)
+
+
+# --------------------------------------------------------------------------------------------
+# Small tree helpers (tensor | tuple | list | dict)
+# --------------------------------------------------------------------------------------------
+
+def _tree_map(fn: Callable[[torch.Tensor], Any], obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+        return type(obj)(*(_tree_map(fn, o) for o in obj))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_tree_map(fn, o) for o in obj)
+    if isinstance(obj, dict):
+        items = {k: _tree_map(fn, v) for k, v in obj.items()}
+        try:
+            return type(obj)(**items) if type(obj) is not dict else items
+        except TypeError:
+            return items
+    return obj
+
+
+def _tree_cat(parts: list[Any], sizes: list[int]) -> Any:
+    """Concatenate along dim 0 the batched leaves (leading dim = that chunk's size in every part)
+    of structurally equal outputs; other leaves come from the first part."""
+    first = parts[0]
+    if isinstance(first, torch.Tensor):
+        if first.dim() >= 1 and all(p.dim() == first.dim() and p.shape[0] == m for p, m in zip(parts, sizes)):
+            return torch.cat(parts, dim=0)
+        return first
+    if isinstance(first, tuple) and hasattr(first, "_fields"):
+        return type(first)(*(_tree_cat([p[i] for p in parts], sizes) for i in range(len(first))))
+    if isinstance(first, (tuple, list)):
+        return type(first)(_tree_cat([p[i] for p in parts], sizes) for i in range(len(first)))
+    if isinstance(first, dict):
+        items = {k: _tree_cat([p[k] for p in parts], sizes) for k in first}
+        try:
+            return type(first)(**items) if type(first) is not dict else items
+        except TypeError:
+            return items
+    return first
+
+
+def _format_of(x: torch.Tensor) -> torch.memory_format:
+    if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last
+    if x.dim() == 5 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last_3d):
+        return torch.channels_last_3d
+    return torch.contiguous_format
+
+
+def _alloc_batch(x: torch.Tensor, batch: int, device: torch.device) -> torch.Tensor:
+    """An empty [batch, *x.shape[1:]] buffer with x's dtype and memory format on `device`."""
+    buf = torch.empty((batch, *x.shape[1:]), dtype=x.dtype, device=device)
+    fmt = _format_of(x)
+    return buf if fmt is torch.contiguous_format else buf.contiguous(memory_format=fmt)
+
+
+def _fill_padded_(buf: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """buf[:n] = x, buf[n:] = x[-1] (the last real row repeated)."""
+    n = x.shape[0]
+    if (x.device == buf.device and x.data_ptr() == buf.data_ptr() and x.shape == buf.shape
+            and x.stride() == buf.stride()):
+        return buf  # the caller wrote into the static buffer itself: nothing to copy
+    nb = x.is_pinned() if x.device.type == "cpu" and buf.device.type == "cuda" else False
+    buf[:n].copy_(x, non_blocking=nb)
+    if n < buf.shape[0]:
+        buf[n:].copy_(buf[n - 1 : n].expand(buf.shape[0] - n, *buf.shape[1:]))
+    return buf
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# --------------------------------------------------------------------------------------------
+# The runner
+# --------------------------------------------------------------------------------------------
+
+class StaticBatchRunner:
+    """`fn(*inputs)` on batches of exactly `batch_size` rows (see the module docstring)."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        batch_size: int,
+        example_inputs: torch.Tensor | Sequence[torch.Tensor],
+        *,
+        mode: str = "eager",
+        compile_mode: str = "max-autotune-no-cudagraphs",
+        cudagraph_compile_mode: str | None = None,
+        warmup: int = 2,
+        copy_outputs: bool = True,
+        device: torch.device | str | None = None,
+        cache_dir: str | None = None,
+        fallback_on_error: bool = False,
+        prepare: bool = True,
+        backend: str | Callable[..., Any] = "inductor",
+        allow_cpu_compile: bool = False,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if cudagraph_compile_mode not in (None, "reduce-overhead", "max-autotune"):
+            raise ValueError("cudagraph_compile_mode must be None, 'reduce-overhead' or 'max-autotune'")
+        examples = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+        if not examples or not all(isinstance(e, torch.Tensor) and e.dim() >= 1 and e.shape[0] >= 1 for e in examples):
+            raise TypeError("example_inputs: one or more tensors with a leading batch dimension >= 1")
+        if len({e.shape[0] for e in examples}) != 1:
+            raise ValueError(f"example inputs disagree on the batch size: {[tuple(e.shape) for e in examples]}")
+
+        self.fn = fn
+        self.batch_size = int(batch_size)
+        self.requested_mode = mode
+        self.compile_mode = compile_mode
+        self.cudagraph_compile_mode = cudagraph_compile_mode
+        self.warmup = max(1, int(warmup))
+        self.copy_outputs = copy_outputs
+        self.cache_dir = cache_dir
+        self.fallback_on_error = fallback_on_error
+        self.backend = backend
+        self.device = torch.device(device) if device is not None else examples[0].device
+        self.compile_seconds: float | None = None
+        self.capture_seconds: float | None = None
+        self.compiled_fn: Callable[..., Any] | None = None
+        self._graph: Any = None
+        self._static_out: Any = None
+        self._prepared = False
+
+        self.mode = mode
+        on_cuda = self.device.type == "cuda" and torch.cuda.is_available()
+        if mode != "eager" and not on_cuda and not (mode == "compile" and allow_cpu_compile):
+            _say_once(f"StaticBatchRunner: mode {mode!r} needs CUDA; running eager on {self.device}")
+            self.mode = "eager"
+
+        # Static input buffers (staging for eager/compile, graph inputs for cudagraph).
+        self._shapes = [tuple(e.shape[1:]) for e in examples]
+        self._dtypes = [e.dtype for e in examples]
+        self.static_inputs = [_alloc_batch(e, self.batch_size, self.device) for e in examples]
+        for buf, e in zip(self.static_inputs, examples):
+            _fill_padded_(buf, e[: self.batch_size].to(self.device))
+        if prepare:
+            self.prepare()
+
+    # -- set-up ------------------------------------------------------------------------------
+
+    @property
+    def uses_graph(self) -> bool:
+        return self.mode in ("cudagraph", "compile+cudagraph")
+
+    def prepare(self) -> "StaticBatchRunner":
+        """Compile / warm up / capture now (otherwise the first call does it)."""
+        if self._prepared:
+            return self
+        try:
+            self._prepare()
+        except Exception as exc:
+            if not self.fallback_on_error:
+                raise
+            _say_once(f"StaticBatchRunner: {self.mode} failed ({type(exc).__name__}: {exc}); running eager")
+            self.mode, self._graph, self.compiled_fn = "eager", None, None
+        self._prepared = True
+        return self
+
+    def _compile(self, mode: str) -> Callable[..., Any]:
+        if self.backend == "inductor":
+            configure_compile_cache(self.cache_dir)
+            compiled = torch.compile(self.fn, mode=mode, dynamic=False)
+        else:  # another backend (tests use "eager"): Inductor's modes do not apply
+            compiled = torch.compile(self.fn, backend=self.backend, dynamic=False)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            compiled(*self.static_inputs)
+        _sync(self.device)
+        self.compile_seconds = time.perf_counter() - t0
+        return compiled
+
+    def _prepare(self) -> None:
+        if self.mode == "eager":
+            return
+        if self.mode == "compile":
+            self.compiled_fn = self._compile(self.compile_mode)
+            return
+        if self.mode == "compile+cudagraph" and self.cudagraph_compile_mode is not None:
+            self.compiled_fn = self._compile(self.cudagraph_compile_mode)
+            t0 = time.perf_counter()
+            for _ in range(self.warmup + 2):  # cudagraph trees record after a warm-up run
+                self._call_inductor_graphs()
+            _sync(self.device)
+            self.capture_seconds = time.perf_counter() - t0
+            return
+        target = self.fn
+        if self.mode == "compile+cudagraph":
+            target = self.compiled_fn = self._compile(self.compile_mode)
+        self._capture(target)
+
+    def _capture(self, target: Callable[..., Any]) -> None:
+        t0 = time.perf_counter()
+        dev = self.device
+        cur = torch.cuda.current_stream(dev)
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(cur)
+        with torch.no_grad(), torch.cuda.stream(side):
+            for _ in range(self.warmup):
+                target(*self.static_inputs)
+        cur.wait_stream(side)
+        torch.cuda.synchronize(dev)
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(graph):
+            out = target(*self.static_inputs)
+        torch.cuda.synchronize(dev)
+        self._graph, self._static_out = graph, out
+        self.capture_seconds = time.perf_counter() - t0
+
+    # -- calls -------------------------------------------------------------------------------
+
+    def _call_inductor_graphs(self) -> Any:
+        torch.compiler.cudagraph_mark_step_begin()
+        with torch.no_grad():
+            return self.compiled_fn(*self.static_inputs)  # type: ignore[misc]
+
+    def _stage(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The tensors the static-shape callable gets: the inputs themselves when they already
+        have the static shape, dtype, device and layout (eager/compile), else the filled buffers."""
+        out = []
+        for x, buf in zip(inputs, self.static_inputs):
+            direct = (not self.uses_graph and x.shape == buf.shape and x.dtype == buf.dtype
+                      and x.device == buf.device and x.stride() == buf.stride())
+            out.append(x if direct else _fill_padded_(buf, x))
+        return out
+
+    def _run(self, inputs: Sequence[torch.Tensor], n: int) -> Any:
+        if not self._prepared:
+            self.prepare()
+        staged = self._stage(inputs)
+        if self.mode == "eager":
+            with torch.no_grad():
+                out = self.fn(*staged)
+        elif self.mode == "compile":
+            with torch.no_grad():
+                out = self.compiled_fn(*staged)  # type: ignore[misc]
+        elif self._graph is not None:
+            self._graph.replay()
+            out = self._static_out
+        else:  # compile+cudagraph through torch.compile's own graphs
+            out = self._call_inductor_graphs()
+        b = self.batch_size
+        copy = self.copy_outputs and self.uses_graph
+
+        def cut(t: torch.Tensor) -> torch.Tensor:
+            if t.dim() >= 1 and t.shape[0] == b:
+                t = t[:n] if n < b else t
+            return t.clone() if copy else t
+
+        return _tree_map(cut, out)
+
+    def _check(self, inputs: Sequence[torch.Tensor]) -> int:
+        if len(inputs) != len(self.static_inputs):
+            raise TypeError(f"expected {len(self.static_inputs)} inputs, got {len(inputs)}")
+        ns = set()
+        for i, (x, shape, dtype) in enumerate(zip(inputs, self._shapes, self._dtypes)):
+            if not isinstance(x, torch.Tensor) or x.dim() < 1:
+                raise TypeError(f"input {i}: expected a batched tensor, got {type(x).__name__}")
+            if tuple(x.shape[1:]) != shape:
+                raise ValueError(f"input {i}: per-item shape {tuple(x.shape[1:])} differs from the static {shape}")
+            if x.dtype != dtype:
+                raise TypeError(f"input {i}: dtype {x.dtype} differs from the static {dtype}")
+            ns.add(x.shape[0])
+        if len(ns) != 1:
+            raise ValueError(f"inputs disagree on the batch size: {[tuple(x.shape) for x in inputs]}")
+        n = ns.pop()
+        if n < 1:
+            raise ValueError("empty batch")
+        return n
+
+    def __call__(self, *inputs: torch.Tensor) -> Any:
+        n = self._check(inputs)
+        b = self.batch_size
+        if n <= b:
+            return self._run(inputs, n)
+        parts, sizes = [], []
+        for s in range(0, n, b):
+            m = min(b, n - s)
+            sizes.append(m)
+            parts.append(self._run([x[s : s + m] for x in inputs], m))
+            if self.uses_graph and not self.copy_outputs:  # views would be overwritten by the next chunk
+                parts[-1] = _tree_map(lambda t: t.clone(), parts[-1])
+        return _tree_cat(parts, sizes)
+
+    def __repr__(self) -> str:
+        extra = f", requested={self.requested_mode!r}" if self.mode != self.requested_mode else ""
+        return f"StaticBatchRunner(batch_size={self.batch_size}, mode={self.mode!r}{extra}, device={self.device})"

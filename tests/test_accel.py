@@ -1,0 +1,270 @@
+"""newsstudio.accel on CPU: static batching, graceful degradation, FP8 arithmetic, precision helpers."""
+from __future__ import annotations
+
+import logging
+import os
+from collections import namedtuple
+
+import pytest
+import torch
+from torch import nn
+
+from newsstudio.accel import (
+    Fp8Linear, StaticBatchRunner, cast_, channels_last, configure_compile_cache, convert_linears_to_fp8_,
+    fp8_matmul_reference, fp8_supported, quantize_e4m3, tf32, to_channels_last_, to_fp8,
+)
+from newsstudio.accel.fp8 import E4M3, eligible, fp8_linear_reference, has_scaled_mm
+from newsstudio.accel.precision import NORM_TYPES, parse_dtype
+
+
+def relerr(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+# --------------------------------------------------------------------------------------------
+# StaticBatchRunner
+# --------------------------------------------------------------------------------------------
+
+class Recorder:
+    """A batched function that remembers the batches it was called with."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.lin = nn.Linear(6, 3)
+        self.seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor):
+        self.seen.append((x.clone(), y.clone()))
+        with torch.no_grad():
+            return self.lin(x) * y[:, :1]
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 9])
+def test_runner_pads_slices_and_equals_plain_call(n):
+    rec = Recorder()
+    g = torch.Generator().manual_seed(n)
+    ex = (torch.randn(2, 6, generator=g), torch.randn(2, 5, generator=g))
+    runner = StaticBatchRunner(rec, 4, ex, mode="eager")
+    x, y = torch.randn(n, 6, generator=g), torch.randn(n, 5, generator=g) + 2
+    rec.seen.clear()
+    out = runner(x, y)
+    assert out.shape == (n, 3)
+    # equal up to BLAS rounding (a GEMM of 4 rows may round differently from one of n rows)
+    torch.testing.assert_close(out, rec.lin(x).detach() * y[:, :1], rtol=1e-6, atol=1e-6)
+    # every call saw exactly the static batch; short chunks were padded with their last row
+    assert rec.seen and all(sx.shape[0] == 4 and sy.shape[0] == 4 for sx, sy in rec.seen)
+    last_x, last_y = rec.seen[-1]
+    m = n - 4 * (len(rec.seen) - 1)
+    assert torch.equal(last_x[:m], x[n - m:]) and torch.equal(last_y[:m], y[n - m:])
+    assert torch.equal(last_x[m:], x[-1:].expand(4 - m, 6))
+    assert len(rec.seen) == -(-n // 4)
+
+
+def test_runner_output_structures_and_unbatched_leaves():
+    Pair = namedtuple("Pair", "a b")
+
+    def fn(x):
+        return {"img": x * 2, "pair": Pair(x + 1, [x.sum(-1)]), "total": x.new_tensor([7.0, 8.0])}
+
+    runner = StaticBatchRunner(fn, 3, (torch.randn(3, 4),))
+    for n in (2, 3, 7):
+        x = torch.randn(n, 4)
+        out = runner(x)
+        assert set(out) == {"img", "pair", "total"}
+        torch.testing.assert_close(out["img"], x * 2)
+        assert isinstance(out["pair"], Pair)
+        torch.testing.assert_close(out["pair"].a, x + 1)
+        torch.testing.assert_close(out["pair"].b[0], x.sum(-1))
+        assert out["total"].tolist() == [7.0, 8.0]  # not batched: passed through once
+
+
+def test_runner_rejects_wrong_inputs():
+    runner = StaticBatchRunner(lambda x: x, 2, (torch.randn(2, 4),))
+    with pytest.raises(ValueError, match="per-item shape"):
+        runner(torch.randn(2, 5))
+    with pytest.raises(TypeError, match="dtype"):
+        runner(torch.randn(2, 4, dtype=torch.float64))
+    with pytest.raises(TypeError, match="expected 1 inputs"):
+        runner(torch.randn(2, 4), torch.randn(2, 4))
+    with pytest.raises(ValueError, match="mode"):
+        StaticBatchRunner(lambda x: x, 2, (torch.randn(2, 4),), mode="turbo")
+    with pytest.raises(ValueError, match="disagree"):
+        StaticBatchRunner(lambda x, y: x, 2, (torch.randn(2, 4), torch.randn(1, 4)))
+
+
+@pytest.mark.parametrize("mode", ["compile", "cudagraph", "compile+cudagraph"])
+def test_runner_degrades_to_eager_on_cpu(mode, caplog):
+    rec = Recorder()
+    ex = (torch.randn(4, 6), torch.randn(4, 5))
+    with caplog.at_level(logging.WARNING, logger="newsstudio.accel.static"):
+        runner = StaticBatchRunner(rec, 4, ex, mode=mode)
+        StaticBatchRunner(rec, 4, ex, mode=mode)
+    assert runner.mode == "eager" and runner.requested_mode == mode and not runner.uses_graph
+    assert runner.compile_seconds is None and runner.capture_seconds is None
+    x, y = torch.randn(3, 6), torch.randn(3, 5)
+    torch.testing.assert_close(runner(x, y), rec.lin(x).detach() * y[:, :1], rtol=1e-6, atol=1e-6)
+    said = [r for r in caplog.records if mode in r.getMessage()]
+    assert len(said) <= 1  # once per process (an earlier test may already have said it)
+
+
+def test_runner_compile_sees_one_static_shape():
+    """Short batches go through the staging buffer, so the compiled graph never recompiles."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    lin = nn.Linear(4, 2)
+    runner = StaticBatchRunner(lambda x: lin(x).relu(), 4, (torch.randn(4, 4),), mode="compile",
+                               backend=counter, allow_cpu_compile=True)
+    assert runner.mode == "compile" and runner.compile_seconds is not None
+    for n in (4, 1, 3, 6, 4):
+        x = torch.randn(n, 4)
+        with torch.no_grad():
+            torch.testing.assert_close(runner(x), lin(x).relu())
+    assert counter.frame_count == 1
+    torch._dynamo.reset()
+
+
+def test_configure_compile_cache(tmp_path, monkeypatch):
+    for k in ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TRITON_CACHE_DIR"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("NEWSSTUDIO_INDUCTOR_CACHE", str(tmp_path / "env"))
+    d = configure_compile_cache(tmp_path / "explicit")
+    assert d == tmp_path / "explicit" and d.is_dir()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(d) and os.environ["TORCHINDUCTOR_FX_GRAPH_CACHE"] == "1"
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    from newsstudio.accel.cache import compile_cache_dir
+
+    assert compile_cache_dir() == tmp_path / "env"
+
+
+# --------------------------------------------------------------------------------------------
+# FP8
+# --------------------------------------------------------------------------------------------
+
+def test_e4m3_quantisation_error_bound():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 128, generator=g) * 3
+    for gran in ("tensor", "row"):
+        q, s = quantize_e4m3(x, gran)
+        assert q.dtype == E4M3 and s.dtype == torch.float32
+        assert s.shape == (() if gran == "tensor" else (64, 1))
+        back = q.float() * s
+        # 3 mantissa bits: relative error <= 2^-4 for values in the normal range of the scaled grid
+        normal = (x / s).abs() >= 2.0**-6
+        assert ((back - x).abs()[normal] <= x.abs()[normal] * 2.0**-4 + 1e-12).all()
+        assert float((x / s).abs().max()) <= 448.0 + 1e-3
+
+
+@pytest.mark.parametrize("gran", ["tensor", "row"])
+def test_fp8_matmul_reference_vs_fp32(gran):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(96, 256, generator=g)
+    w = torch.randn(192, 256, generator=g) / 16
+    b = torch.randn(192, generator=g) * 0.1
+    err = relerr(fp8_matmul_reference(x, w, b, gran), x @ w.t() + b)
+    assert 5e-3 < err < 6e-2  # quantised (not exact) and within the e4m3 bound
+
+
+@pytest.mark.skipif(not has_scaled_mm(), reason="torch without _scaled_mm")
+@pytest.mark.parametrize("gran", ["tensor", "row"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_linear_forced_on_cpu_matches_reference(gran, dtype):
+    """`_scaled_mm` has a CPU kernel, so the real layer arithmetic is checked here too."""
+    torch.manual_seed(3)
+    lin = nn.Linear(64, 48).to(dtype)
+    layer = to_fp8(lin, gran, force=True)
+    assert isinstance(layer, Fp8Linear) and layer.weight_fp8.dtype == E4M3
+    x = torch.randn(2, 5, 64).to(dtype)
+    y = layer(x)
+    assert y.shape == (2, 5, 48) and y.dtype == dtype
+    tol = 2e-3 if dtype == torch.float32 else 1e-2
+    assert relerr(y.float(), fp8_linear_reference(layer, x)) < tol
+    assert relerr(y.float(), lin(x).float().detach()) < 6e-2
+
+
+def test_fp8_conversion_is_a_noop_on_cpu():
+    torch.manual_seed(4)
+    net = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 24), nn.Linear(24, 16))
+    x = torch.randn(7, 32)
+    before = net(x).detach()
+    sd = {k: v.clone() for k, v in net.state_dict().items()}
+    assert not fp8_supported("cpu")
+    assert convert_linears_to_fp8_(net) == 0
+    assert all(type(m) is nn.Linear for m in net if isinstance(m, nn.Linear))
+    assert torch.equal(net(x), before)
+    assert all(torch.equal(v, sd[k]) for k, v in net.state_dict().items())
+    assert to_fp8(net[0]) is net[0]
+
+
+@pytest.mark.skipif(not has_scaled_mm(), reason="torch without _scaled_mm")
+def test_fp8_conversion_filter_shapes_and_casts():
+    torch.manual_seed(5)
+    net = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 24), nn.Linear(24, 16), nn.Linear(16, 32))
+    assert [eligible(m) for m in net] == [True, False, False, False, True]
+    x = torch.randn(3, 32)
+    ref = net(x).detach()
+    n = convert_linears_to_fp8_(net, filter=lambda name, m: name != "4", force=True)
+    assert n == 1 and isinstance(net[0], Fp8Linear) and type(net[4]) is nn.Linear
+    assert relerr(net(x).detach(), ref) < 6e-2
+    cast_(net, torch.bfloat16)
+    assert net[0].weight_fp8.dtype == E4M3 and net[0].weight_scale.dtype == torch.float32
+    assert net[0].bias.dtype == torch.bfloat16
+    net.half()  # nn.Module casts must not touch the quantised weight either
+    assert net[0].weight_fp8.dtype == E4M3 and net[0].weight_scale.dtype == torch.float32
+    assert net(x.half()).dtype == torch.float16
+
+
+# --------------------------------------------------------------------------------------------
+# Precision helpers
+# --------------------------------------------------------------------------------------------
+
+class WithBuffers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.norm = nn.LayerNorm(8)
+        self.register_buffer("freqs", torch.rand(4) * 1e-4 + 1e-4)
+        self.register_buffer("steps", torch.arange(3))
+
+    def forward(self, x):
+        return self.norm(self.lin(x))
+
+
+def test_cast_keeps_schedules_and_norm_islands():
+    m = cast_(WithBuffers(), "fp16", keep_fp32=NORM_TYPES)
+    assert m.lin.weight.dtype == torch.float16
+    assert m.norm.weight.dtype == torch.float32  # island
+    assert m.freqs.dtype == torch.float32 and m.steps.dtype == torch.int64
+    y = m(torch.randn(2, 8, dtype=torch.float16))
+    assert y.dtype == torch.float16  # the island hands back the caller's dtype
+    plain = cast_(WithBuffers(), torch.bfloat16)
+    assert plain.norm.weight.dtype == torch.bfloat16 and plain.freqs.dtype == torch.float32
+    assert parse_dtype("bf16") is torch.bfloat16
+    with pytest.raises(ValueError):
+        parse_dtype("fp12")
+
+
+def test_channels_last_handles_conv3d():
+    torch.manual_seed(6)
+    net = nn.Sequential(nn.Conv3d(3, 4, 3, padding=1), nn.Flatten(1, 2), nn.Conv2d(16, 5, 3, padding=1))
+    x = torch.randn(2, 3, 4, 6, 6)
+    ref = net(x).detach()
+    to_channels_last_(net)
+    assert net[0].weight.is_contiguous(memory_format=torch.channels_last_3d)
+    assert net[2].weight.is_contiguous(memory_format=torch.channels_last)
+    xl = channels_last(x)
+    assert xl.is_contiguous(memory_format=torch.channels_last_3d)
+    torch.testing.assert_close(net(xl).detach(), ref, rtol=1e-5, atol=1e-5)
+    assert channels_last(torch.randn(3, 4)).is_contiguous()
+
+
+def test_tf32_context_restores_state():
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision())
+    with tf32(True):
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    with tf32(False):
+        assert not torch.backends.cudnn.allow_tf32
+        assert torch.get_float32_matmul_precision() == "highest"
+    after = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision())
+    assert after == before
