@@ -146,6 +146,8 @@ class DittoConditioner(FrameQueue):
         return self._queue.ready
 
     def take(self, n: int) -> torch.Tensor:
+        if n == 0:
+            return torch.zeros((0, 1024), device=self.device)
         return self._queue.take(n)
 
 
@@ -243,6 +245,8 @@ class DittoDriver(FrameQueue):
         return self._out.ready
 
     def take(self, n: int) -> torch.Tensor:
+        if n == 0:
+            return torch.zeros((0, 2, 21, 3), device=self.device)
         return self._out.take(n)
 
     # -- motion -> keypoints --------------------------------------------------------------------

@@ -1,0 +1,467 @@
+"""The Ditto engine end to end on CPU with seeded random weights.
+
+Rendering one 512 crop costs ~1.2 TFLOP (warp + decoder), tens of seconds on a CPU core, so the
+pipeline tests use the documented developer option ``input_size=128`` (256 crops, the same
+networks on smaller feature maps), a 2-layer random HuBERT and 2 DDIM steps, and a fraction of
+a second of audio. The real HuBERT-large configuration runs once on one window.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+import shutil
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from newsstudio.avatar.packet import PacketWriter, open_packet
+from newsstudio.compose.colour import rgb_to_nv12
+from newsstudio.compose.splice import sample_crops_to_roi
+from newsstudio.engines.ditto import config as dcfg
+from newsstudio.engines.ditto import weights as dweights
+from newsstudio.engines.ditto.engine import OPTIONS_ENV, DittoEngine
+from newsstudio.engines.ditto.putback import get_mask
+from newsstudio.engines.ditto.registration import (
+    CropParams,
+    crop_matrices,
+    crop_params_from_lm68,
+    eye_state,
+    mean_filter,
+    points_to_crop,
+    roi_geometry,
+    roi_grids,
+)
+from newsstudio.media.audio import Audio, write_wav
+from newsstudio.stream import stream_generator
+
+OPTS = {"input_size": 128, "hubert_layers": 2, "steps": 2}
+
+
+def _speechlike(seconds: float, sr: int, channels: int = 1) -> np.ndarray:
+    t = np.arange(int(round(seconds * sr))) / sr
+    env = (np.sin(2 * np.pi * 3.0 * t) > 0).astype(np.float32)
+    x = 0.3 * env * np.sin(2 * np.pi * 180 * t) * (1 + 0.5 * np.sin(2 * np.pi * 900 * t))
+    return np.stack([x * (1 - 0.1 * c) for c in range(channels)]).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return DittoEngine("cpu", weights="random", **OPTS)
+
+
+@pytest.fixture(scope="module")
+def packet(astronaut_packet, tmp_path_factory, engine):
+    """A private copy of the astronaut packet with Ditto's arrays."""
+    dest = tmp_path_factory.mktemp("ditto_avatar") / "astronaut"
+    shutil.copytree(astronaut_packet.path, dest)
+    return engine.prebake(open_packet(dest), progress=False)
+
+
+def _make_video_packet(src, dest):
+    """A 3-frame 'video loop': the astronaut translated by a few pixels per frame."""
+    from newsstudio.compose.colour import nv12_to_rgb
+
+    base = src.array("frames_nv12")[0]
+    h, w = base.shape[0] * 2 // 3, base.shape[1]
+    rgb = nv12_to_rgb(torch.from_numpy(np.ascontiguousarray(base))[None])[0].numpy()
+    frames, lms, meshes = [], [], []
+    for dx, dy in SHIFTS:
+        m = np.float32([[1, 0, dx], [0, 1, dy]])
+        frames.append(rgb_to_nv12(torch.from_numpy(cv2.warpAffine(rgb, m, (w, h), borderMode=cv2.BORDER_REPLICATE))[None]).numpy()[0])
+        lms.append(src.array("landmarks68")[0] + np.float32([dx, dy]))
+        meshes.append(src.array("mesh")[0] + np.float32([dx, dy]))
+    with PacketWriter(dest, dest.name, {**src.meta, "n_frames": len(SHIFTS), "kind": "video"}) as wr:
+        wr.add("frames_nv12", np.stack(frames))
+        wr.add("landmarks68", np.stack(lms))
+        wr.add("mesh", np.stack(meshes))
+        return wr.commit()
+
+
+SHIFTS = [(0, 0), (6, 2), (12, -4)]
+
+
+@pytest.fixture(scope="module")
+def video_engine():
+    """Crop / x_s_info smoothing off (the default window of 13 frames would average 3 frames into one)."""
+    return DittoEngine("cpu", weights="random", smo_k_s=1, **OPTS)
+
+
+@pytest.fixture(scope="module")
+def video_packet(astronaut_packet, tmp_path_factory, video_engine):
+    p = _make_video_packet(astronaut_packet, tmp_path_factory.mktemp("ditto_video") / "loop")
+    return video_engine.prebake(p, progress=False)
+
+
+# ---------------------------------------------------------------------------------- registration
+
+
+def test_registration_arrays(packet):
+    n = packet.n_frames
+    meta = packet.engine_meta("ditto")
+    rw, rh = meta["roi"]
+    assert meta["weights"] == "random:0" and meta["input_size"] == 128 and meta["crop_size"] == 256
+    expect = {
+        "ditto/f_s": ((n, 32, 16, 32, 32), "float16"),
+        "ditto/x_s_info_pitch": ((n, 66), "float32"), "ditto/x_s_info_yaw": ((n, 66), "float32"),
+        "ditto/x_s_info_roll": ((n, 66), "float32"), "ditto/x_s_info_t": ((n, 3), "float32"),
+        "ditto/x_s_info_exp": ((n, 63), "float32"), "ditto/x_s_info_scale": ((n, 1), "float32"),
+        "ditto/x_s_info_kp": ((n, 63), "float32"), "ditto/sc": ((1, 63), "float32"),
+        "ditto/eye_open": ((n, 2), "float32"), "ditto/eye_ball": ((n, 6), "float32"),
+        "ditto/m_c2o": ((n, 3, 3), "float32"), "ditto/origins": ((n, 2), "int32"),
+        "ditto/mask": ((n, rh, rw), "uint8"), "ditto/grid": ((n, rh, rw, 2), "float16"),
+    }
+    for name, (shape, dtype) in expect.items():
+        a = packet.array(name)
+        assert a.shape == shape and a.dtype == np.dtype(dtype), (name, a.shape, a.dtype)
+        assert np.isfinite(a.astype(np.float64)).all(), name
+    w, h = packet.size
+    o = packet.array("ditto/origins")
+    assert rw % 2 == 0 and rh % 2 == 0 and (o % 2 == 0).all()
+    assert (o[:, 0] >= 0).all() and (o[:, 0] + rw <= w).all() and (o[:, 1] >= 0).all() and (o[:, 1] + rh <= h).all()
+    mask = packet.array("ditto/mask")
+    m_c2o = packet.array("ditto/m_c2o").astype(np.float64)
+    for k in range(n):  # the official feather mask, warped into the ROI like PutBack does into the frame
+        shift = np.array([[1, 0, -o[k, 0]], [0, 1, -o[k, 1]], [0, 0, 1]], np.float64)
+        ref = cv2.warpAffine(get_mask(256, 256)[:, :, 0], (shift @ m_c2o[k])[:2], (rw, rh), flags=cv2.INTER_LINEAR)
+        assert np.abs(mask[k] / 255.0 - ref).max() < 4e-3 and mask[k].max() == 255
+    # sc is the first frame's canonical keypoints
+    assert np.array_equal(packet.array("ditto/sc")[0], packet.array("ditto/x_s_info_kp")[0])
+    # every landmark lies inside the crop, and the crop removes the roll (eyes level)
+    lm = points_to_crop(packet.array("landmarks68"), np.linalg.inv(m_c2o), 1) / 256
+    assert (lm > 0.05).all() and (lm < 0.95).all()
+    eye = (lm[:, [36, 39]].mean(1) + lm[:, [42, 45]].mean(1)) / 2
+    lip = (lm[:, 48] + lm[:, 54]) / 2
+    assert np.allclose(eye[:, 0], lip[:, 0], atol=1e-6)
+    eo = packet.array("ditto/eye_open")
+    assert (eo > 0.05).all() and (eo < 2).all()
+
+
+def test_crop_follows_the_face():
+    """A similarity applied to the landmarks (roll, zoom, shift) moves the crop with it: the
+    landmarks land on the same crop coordinates, and the stated conventions hold."""
+    rng = np.random.default_rng(0)
+    lm = np.zeros((68, 2))
+    lm[0:17] = np.stack([np.linspace(-60, 60, 17), 40 - 0.02 * np.linspace(-60, 60, 17) ** 2 + 20], 1)
+    lm[17:27] = np.stack([np.linspace(-45, 45, 10), np.full(10, -40.0)], 1)
+    lm[27:36] = np.stack([np.zeros(9), np.linspace(-30, 5, 9)], 1)
+    lm[36:42] = np.stack([np.linspace(-40, -15, 6), np.full(6, -20.0)], 1)
+    lm[42:48] = np.stack([np.linspace(15, 40, 6), np.full(6, -20.0)], 1)
+    lm[48:68] = np.stack([np.linspace(-22, 22, 20), 30 + rng.normal(0, 1, 20)], 1)
+    lm[48], lm[54] = (-22, 30), (22, 30)
+    lm[36], lm[39], lm[42], lm[45] = (-40, -20), (-15, -20), (15, -20), (40, -20)
+    lm += (300, 400)
+    p = crop_params_from_lm68(lm[None], 2.3, 0.0, -0.125)
+    assert abs(p.angle[0]) < 1e-9
+    ext = lm.max(0) - lm.min(0)
+    assert p.size[0] == pytest.approx(max(ext) * 2.3)
+    centre_box = (lm.max(0) + lm.min(0)) / 2
+    assert p.center[0] == pytest.approx(centre_box + [0, -0.125 * p.size[0]])
+    m_o2c, m_c2o = crop_matrices(p, 512)
+    assert np.allclose(m_o2c[0] @ [*p.center[0], 1], [256, 256, 1])
+    assert np.allclose(m_o2c[0] @ m_c2o[0], np.eye(3))
+    a = np.deg2rad(14.0)
+    sim = np.array([[1.3 * np.cos(a), -1.3 * np.sin(a), 57.0], [1.3 * np.sin(a), 1.3 * np.cos(a), -31.0]])
+    lm2 = lm @ sim[:, :2].T + sim[:, 2]
+    p2 = crop_params_from_lm68(lm2[None])
+    assert p2.angle[0] == pytest.approx(a)
+    m2, _ = crop_matrices(p2, 512)
+    c1 = points_to_crop(lm[None], m_o2c, 512)
+    c2 = points_to_crop(lm2[None], m2, 512)
+    assert np.abs(c1 - c2).max() < 1e-9
+
+
+def test_mean_filter_and_eye_state():
+    x = np.arange(10, dtype=np.float64)[:, None] ** 2
+    ref = np.stack([x[max(0, i - 2) : i + 3].mean(0) for i in range(10)])
+    assert np.allclose(mean_filter(x, 5), ref)
+    p = CropParams(np.zeros((3, 2)), np.array([1.0, 2.0, 6.0]), np.zeros(3))
+    assert np.allclose(p.smoothed(3).size, [1.5, 3.0, 4.0])
+    mesh = np.zeros((1, 478, 2))
+    # a left eye 0.2 wide with 0.05 openings, the iris 0.02 above the eye centre
+    mesh[0, 33], mesh[0, 133] = (0.2, 0.5), (0.4, 0.5)
+    for lo, up in ((145, 159), (144, 160), (153, 158)):
+        mesh[0, lo], mesh[0, up] = (0.3, 0.525), (0.3, 0.475)
+    mesh[0, 468] = (0.3, 0.48)
+    mesh[0, 263], mesh[0, 362] = (0.8, 0.5), (0.6, 0.5)
+    mesh[0, 473] = (0.7, 0.5)
+    for lo, up in ((374, 386), (373, 387), (380, 385)):
+        mesh[0, lo], mesh[0, up] = (0.7, 0.51), (0.7, 0.49)
+    eo, eb = eye_state(mesh)
+    assert eo[0] == pytest.approx([0.15 / 0.2, 0.06 / 0.2], rel=1e-5)
+    # ball move: (dir(ball - centre) - dir(outer - inner)) * |ball - centre|, layout [x_L, x_R, y_L, y_R, z_L, z_R]
+    assert eb[0] == pytest.approx([0.02, 0.0, -0.02, 0.0, 0.0, 0.0], abs=1e-6)
+
+
+def test_grid_sampling_equals_warpaffine():
+    """The ROI grids sample a crop exactly where cv2.warpAffine(crop, M_c2o) puts it, and the
+    ROI mask is get_mask warped the same way (1080x1920 frame, rotated face, partly outside)."""
+    lm_centre, size, ang = np.array([[930.0, 500.0]]), np.array([420.0]), np.array([0.21])
+    p = CropParams(lm_centre, size, ang)
+    cs = 256
+    m_o2c, m_c2o = crop_matrices(p, cs)
+    (rw, rh), origins = roi_geometry(m_c2o, cs, (1080, 1920))
+    assert rw % 2 == 0 and rh % 2 == 0 and origins[0, 0] + rw <= 1080
+    grid = roi_grids(torch.from_numpy(m_o2c), torch.from_numpy(origins), (rh, rw), cs)
+    yy, xx = np.mgrid[0:cs, 0:cs] / cs
+    img = np.stack([127 + 100 * np.sin(2 * np.pi * (xx + 0.5 * yy)), 127 + 90 * np.cos(2 * np.pi * 1.5 * yy),
+                    127 + 80 * np.sin(2 * np.pi * (xx - yy))], -1).astype(np.float32)
+    ours = sample_crops_to_roi(torch.from_numpy(img).permute(2, 0, 1)[None], grid.to(torch.float16))[0].numpy()
+    shift = np.array([[1, 0, -origins[0, 0]], [0, 1, -origins[0, 1]], [0, 0, 1]], np.float64)
+    ref = cv2.warpAffine(img, (shift @ m_c2o[0])[:2], (rw, rh), flags=cv2.INTER_LINEAR)
+    mask_ref = cv2.warpAffine(get_mask(cs, cs)[:, :, 0], (shift @ m_c2o[0])[:2], (rw, rh), flags=cv2.INTER_LINEAR)
+    inside = mask_ref > 0.05
+    assert inside.mean() > 0.3
+    diff = np.abs(ours - ref)[inside]
+    assert diff.max() < 2.5 and diff.mean() < 0.3, (diff.max(), diff.mean())
+    tmpl = torch.from_numpy(get_mask(cs, cs)[:, :, 0]).double()[None, None]
+    mask = torch.nn.functional.grid_sample(tmpl, grid, mode="bilinear", padding_mode="zeros", align_corners=False)[0, 0].numpy()
+    assert np.abs(mask - mask_ref).max() < 2e-3
+
+
+def test_video_registration_follows_frames(video_packet, engine, astronaut_packet, tmp_path):
+    """Per-frame crops/grids for a moving source (the crop moves with the face); with the default
+    smoothing window (13 > 3 frames) every frame gets the mean crop and the mean motion."""
+    p = video_packet
+    assert p.n_frames == 3 and p.array("ditto/f_s").shape[0] == 3
+    m = p.array("ditto/m_c2o").astype(np.float64)
+    for k, (dx, dy) in enumerate(SHIFTS):
+        t = np.array([[1, 0, dx], [0, 1, dy], [0, 0, 1]], np.float64)
+        assert np.allclose(m[k], t @ m[0], atol=1e-3)
+    g = p.array("ditto/grid").astype(np.float32)
+    o = p.array("ditto/origins")
+    assert not np.array_equal(o[0], o[2]) or not np.allclose(g[0], g[2])
+    smooth = engine.prebake(_make_video_packet(astronaut_packet, tmp_path / "loop13"), progress=False)
+    ms = smooth.array("ditto/m_c2o").astype(np.float64)
+    assert np.allclose(ms, ms[:1], atol=1e-4) and np.allclose(ms[0][:2, 2], m[:, :2, 2].mean(0), atol=1e-2)
+    for k in ("kp", "exp", "pitch"):
+        a = smooth.array(f"ditto/x_s_info_{k}")
+        assert np.allclose(a, a[:1], atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------- driver / stream
+
+
+def test_online_driver_emits_before_all_audio(engine, packet):
+    layer = engine.load_avatar(packet)
+    cond = engine.conditioner(25)
+    drv = engine.driver(layer)
+    sr = 16000
+    pcm = _speechlike(4.0, sr)[0]
+    first_at = None
+    for i in range(0, pcm.size, 3200):  # 0.2 s chunks
+        cond.push(pcm[i : i + 3200])
+        if cond.ready:
+            drv.push(cond.take(cond.ready))
+        if first_at is None and drv.ready:
+            first_at = i + 3200
+    assert first_at is not None and first_at < pcm.size * 0.9, "no motion before the end of the audio"
+    # 80-frame windows with 10 warm-up rows: the first window needs 70 audio frames (+ look-ahead)
+    assert first_at >= 70 * 640
+    early = drv.take(drv.ready)
+    cond.close()
+    if cond.ready:
+        drv.push(cond.take(cond.ready))
+    drv.close()
+    rest = drv.take(drv.ready)
+    kp = torch.cat([early, rest])
+    assert kp.shape == (math.ceil(pcm.size / 640), 2, 21, 3) and torch.isfinite(kp).all()
+    assert torch.equal(kp[:, 0], kp[:1, 0].expand_as(kp[:, 0]))  # photo: one source
+    assert (kp[:, 1] - kp[:, 0]).abs().amax() > 1e-4  # the driving keypoints move
+
+
+def test_driver_is_chunk_invariant(engine, packet, video_engine, video_packet):
+    """Any split of the conditioning gives the same keypoints (online = offline)."""
+    feats = torch.randn(100, 1024, generator=torch.Generator().manual_seed(3))
+    for eng, p in ((engine, packet), (video_engine, video_packet)):
+        layer = eng.load_avatar(p)
+        outs = []
+        for sizes in ([100], [7, 30, 1, 31, 31]):
+            drv = eng.driver(layer)
+            got = []
+            s = 0
+            for k in sizes:
+                drv.push(feats[s : s + k])
+                s += k
+                got.append(drv.take(drv.ready))
+            drv.close()
+            got.append(drv.take(drv.ready))
+            outs.append(torch.cat(got))
+        assert outs[0].shape == (100, 2, 21, 3)
+        for o in outs[1:]:
+            assert torch.allclose(o, outs[0], atol=1e-5)
+    # video: the source keypoints follow the ping-pong loop 0 1 2 2 1 0 0 1 ...
+    x_s = outs[0][:, 0]
+    assert torch.allclose(x_s[1], x_s[4]) and torch.allclose(x_s[2], x_s[3]) and not torch.allclose(x_s[0], x_s[2])
+
+
+def test_ditto_stream_contract(engine, packet):
+    sr = 22050
+    pcm = _speechlike(0.2, sr, channels=2)
+    chunks = list(stream_generator(engine, packet, (pcm, sr), fps=25, chunk_frames=3))
+    w, h = packet.size
+    assert sum(c["num_frames"] for c in chunks) == math.ceil(pcm.shape[1] * 25 / sr) == 5
+    start = 0
+    for i, c in enumerate(chunks):
+        assert c["chunk_idx"] == i and c["frame_start"] == start
+        start += c["num_frames"]
+        assert c["frames"].dtype == torch.uint8 and tuple(c["frames"].shape) == (c["num_frames"], h * 3 // 2, w)
+    assert chunks[-1]["is_last"] and [c["is_last"] for c in chunks].count(True) == 1
+    assert np.array_equal(np.concatenate([c["audio"] for c in chunks], axis=1), pcm)
+    # the face ROI was rendered (random weights: the pixels change there)
+    frames = torch.cat([c["frames"] for c in chunks])
+    meta = packet.engine_meta("ditto")
+    rw, rh = meta["roi"]
+    x0, y0 = packet.array("ditto/origins")[0]
+    bg = packet.tensor("frames_nv12")[0]
+    roi = (frames[:, y0 : y0 + rh, x0 : x0 + rw].int() - bg[y0 : y0 + rh, x0 : x0 + rw].int()).abs()
+    assert roi.float().mean() > 1.0
+    with pytest.raises(ValueError, match="25 fps"):
+        engine.conditioner(30)
+
+
+def test_idle_driving_is_the_source_at_rest(engine, packet):
+    layer = engine.load_avatar(packet)
+    idx = torch.zeros(1, dtype=torch.long)
+    idle = engine.render(layer, engine.idle_driving(1), idx)
+    x_s = layer.data["x_s"][:1]
+    explicit = engine.render(layer, torch.stack([x_s, x_s], 1), idx)
+    assert idle.shape == (1, *layer.roi_hw, 3) and torch.equal(idle, explicit)
+    assert 0 <= float(idle.min()) and float(idle.max()) <= 255
+
+
+def test_cli_render_ditto_random(packet, tmp_path, monkeypatch):
+    from newsstudio.cli import app
+    from newsstudio.media.video import probe_video
+
+    monkeypatch.setenv(OPTIONS_ENV, json.dumps(OPTS))
+    wav = tmp_path / "speech.wav"
+    write_wav(wav, Audio(_speechlike(0.15, 16000), 16000))
+    out = tmp_path / "ditto.mp4"
+    r = CliRunner().invoke(app, ["render", "--avatar", str(packet.path), "--audio", str(wav), "-o", str(out),
+                                 "--engine", "ditto", "--weights", "random", "--device", "cpu", "--chunk", "4"])
+    assert r.exit_code == 0, r.output
+    info = probe_video(out)
+    assert info.frame_count == math.ceil(0.15 * 25) and (info.width, info.height) == packet.size and info.has_audio
+
+
+# ---------------------------------------------------------------------------------- config / weights
+
+
+class _ReleaseClass:  # stands for a class of the release that we must not import
+    def __init__(self):
+        self.model_path = "ditto_pytorch/models/decoder.pth"
+        self.device = "cuda"
+
+
+class _Evil:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def test_cfg_pickle_is_read_safely(tmp_path):
+    eye = np.arange(15 * 63, dtype=np.float32).reshape(15, 63) / 1000
+    evil_file = tmp_path / "pwned"
+    cfg = {
+        "base_cfg": {"decoder_cfg": _ReleaseClass(), "hubert_cfg": {"model_path": "aux_models/hubert.onnx"}},
+        "audio2motion_cfg": {"motion_feat_dim": 265, "audio_feat_dim": 1103, "seq_frames": 80, "use_emo": True,
+                             "use_sc": True, "use_eye_open": True, "use_eye_ball": True, "w2f_type": "hubert",
+                             "device": "cuda"},
+        "default_kwargs": {"sampling_timesteps": 10, "overlap_v2": 70, "fix_kp_cond": 1, "delta_eye_arr": eye,
+                           "delta_eye_open_n": 0, "fade_type": "d0", "overall_ctrl_info": {"delta_pitch": 2},
+                           "emo": 4, "smo_k_d": 1, "crop_scale": 2.2, "hook": _Evil(evil_file)},
+    }
+    path = tmp_path / dcfg.CFG_FILE
+    path.parent.mkdir(parents=True)
+    path.write_bytes(pickle.dumps(cfg))
+    got = dcfg.read_cfg_pickle(path, warn=False)
+    assert not evil_file.exists(), "unpickling ran code"
+    assert any(n.endswith("system") for n in got.unknown_classes)
+    assert any(n.endswith("_ReleaseClass") for n in got.unknown_classes)
+    dec = got.base_cfg["decoder_cfg"]
+    assert isinstance(dec, dcfg.UnknownObject) and dec["model_path"] == "ditto_pytorch/models/decoder.pth"
+    c = dcfg.load_config(tmp_path, steps=3)
+    assert c.overlap_v2 == 70 and c.fix_kp_cond == 1 and c.cfg_sampling_timesteps == 10 and c.steps == 3
+    assert c.fade_type == "d0" and dict(c.overall_ctrl_info) == {"delta_pitch": 2} and c.smo_k_d == 1
+    assert c.crop_scale == 2.2 and np.array_equal(c.delta_eye_arr, eye) and c.source == str(path)
+    assert dcfg.load_config(tmp_path, steps="cfg").steps == 10
+    # defaults without a pickle, and clear errors
+    d = dcfg.load_config(tmp_path / "none")
+    assert (d.overlap_v2, d.steps, d.crop_scale, d.crop_vy_ratio, d.emo, d.source) == (10, 4, 2.3, -0.125, 4, "defaults")
+    assert d.emotion_rows().shape == (1, 8) and d.emotion_rows()[0].argmax() == 4
+    bad = tmp_path / "bad.pkl"
+    bad.write_bytes(pickle.dumps([1, 2]))
+    with pytest.raises(dcfg.DittoConfigError, match="dict"):
+        dcfg.read_cfg_pickle(bad)
+    bad.write_bytes(b"not a pickle")
+    with pytest.raises(dcfg.DittoConfigError):
+        dcfg.read_cfg_pickle(bad)
+    with pytest.raises(TypeError, match="unknown Ditto option"):
+        d.with_overrides(stepz=3)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        d.with_overrides(input_size=100)
+
+
+def test_weights_layout_and_errors(tmp_path, monkeypatch):
+    from newsstudio.engines.musetalk.weights import ModelFile
+
+    files = dweights.MODEL_FILES
+    assert all(isinstance(f, ModelFile) and f.repo_id == "digital-avatar/ditto-talkinghead" for f in files)
+    locals_ = {f.local for f in files}
+    for name in ("appearance_extractor", "motion_extractor", "warp_network", "decoder", "stitch_network", "lmdm_v0.4_hubert"):
+        assert f"ditto_pytorch/models/{name}.pth" in locals_
+    assert "ditto_pytorch/aux_models/hubert_streaming_fix_kv.onnx" in locals_ and dcfg.CFG_FILE in locals_
+    assert all(not f.local.startswith("ditto_trt") and not f.local.startswith("ditto_onnx") for f in files)
+    assert len(dweights.missing_files(tmp_path)) == len(files)
+
+    import huggingface_hub
+
+    def offline(*a, **k):
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
+    with pytest.raises(dweights.DittoWeightsError, match="could not download .*network"):
+        dweights.fetch(tmp_path)
+    with pytest.raises(dweights.DittoWeightsMissing, match="weights fetch ditto"):
+        dweights.load_official(tmp_path)
+    # the stitching checkpoint: DDP keys under 'retarget_shoulder', loaded strictly
+    from newsstudio.engines.ditto.checkpoints import DittoCheckpointError, load_ditto_module
+    from newsstudio.engines.ditto.models.stitching_network import StitchingNetwork
+    from newsstudio.weights.seeded import fill_seeded_
+
+    net = fill_seeded_(StitchingNetwork(), 5)
+    ck = tmp_path / "stitch_network.pth"
+    torch.save({"retarget_shoulder": {"module." + k: v for k, v in net.state_dict().items()}}, ck)
+    got = load_ditto_module("StitchingNetwork", ck)
+    assert all(torch.equal(a, b) for a, b in zip(got.state_dict().values(), net.state_dict().values()))
+    lm = tmp_path / "lmdm.pth"
+    torch.save({"model_state_dict": {"final_layer.weight": torch.zeros(265, 512)}}, lm)
+    with pytest.raises(DittoCheckpointError, match="lmdm.pth.*missing keys"):
+        dweights.load_lmdm(lm, dcfg.DittoConfig())
+
+
+def test_random_models_and_real_hubert_config():
+    """The seeded HuBERT-large (the real configuration) runs one window -> 20 rows of 1024."""
+    from newsstudio.engines.ditto.wav2feat import select_frames, split_len
+
+    enc = dweights.random_hubert(0, "cpu")
+    c = enc.model.config
+    assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.intermediate_size) == (1024, 24, 16, 4096)
+    assert c.feat_extract_norm == "layer" and c.conv_bias and c.do_stable_layer_norm
+    assert sum(p.numel() for p in enc.parameters()) > 3.1e8
+    win = torch.from_numpy(_speechlike(split_len() / 16000, 16000))[:, : split_len()]
+    out = enc(win)
+    assert out.shape == (1, 20, 1024) and torch.isfinite(out).all()
+    assert select_frames(out).shape == (1, 5, 1024)
+    # seeded: same salt -> same weights
+    k = "encoder.layers.23.feed_forward.output_dense.weight"
+    from newsstudio.weights.seeded import seeded_tensor
+
+    assert torch.equal(enc.model.state_dict()[k], seeded_tensor(k, (1024, 4096), 0))
