@@ -356,6 +356,21 @@ def test_bisenet_mask_option(tiny, astronaut_packet, tmp_path):
     assert tiny.load_avatar(p).packet.engine_meta("musetalk")["mask"] == "landmark"
 
 
+def test_half_precision_engine_prebakes_in_fp32_and_renders(tiny, astronaut_packet, tmp_path):
+    """The CUDA configuration (render in half precision, prebake in float32), here with bfloat16 on CPU."""
+    eng = MuseTalkEngine("cpu", dtype=torch.bfloat16, weights="random", **TINY)
+    layer = eng.load_avatar(_copy_packet(astronaut_packet, tmp_path / "a"))
+    assert layer.data["latents"].dtype == torch.bfloat16
+    p = layer.packet
+    assert p.engine_meta("musetalk")["latents_dtype"] == "float16"
+    ref = tiny.load_avatar(_copy_packet(astronaut_packet, tmp_path / "b")).packet
+    a, b = (np.array(q.array("musetalk/latents"), np.float64) for q in (p, ref))
+    assert np.linalg.norm(a - b) / np.linalg.norm(b) < 0.05, "fp32 encode with bf16-rounded weights"
+    roi = eng.render(layer, eng.idle_driving(2), torch.zeros(2, dtype=torch.long))
+    assert roi.dtype == torch.float32 and roi.shape == (2, *layer.roi_hw, 3) and torch.isfinite(roi).all()
+    assert 0 <= float(roi.min()) and float(roi.max()) <= 255 + 1e-3
+
+
 def test_registry_and_bad_options(tmp_path):
     with pytest.raises(ValueError, match="weights"):
         MuseTalkEngine("cpu", weights="nope")

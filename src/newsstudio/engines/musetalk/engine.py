@@ -22,6 +22,7 @@ clipped to the frame; non-integer frame rates (29.97) use the exact frame times 
 """
 from __future__ import annotations
 
+import copy
 import math
 import sys
 import threading
@@ -302,8 +303,11 @@ class MuseTalkEngine(Engine):
         if not force and prebake_mismatch(packet, self.expected_meta()) is None:
             return packet
         parser = self.face_parser() if self.options.mask == "bisenet" else None
+        # Encode in float32 even when rendering in float16: the latents are made once and stored
+        # as float16 (measured error in the meta); a transient fp32 copy of the VAE costs ~0.3 GB.
+        vae = self.models.vae if self.dtype == torch.float32 else torch.nn.Module.to(copy.deepcopy(self.models.vae), dtype=torch.float32)
         try:
-            return prebake_musetalk(packet, self.models.vae, self.options, parser=parser,
+            return prebake_musetalk(packet, vae, self.options, parser=parser,
                                     weights_meta=self.weights_meta(), batch_size=self.prebake_batch, progress=progress)
         except PermissionError as e:
             raise PacketError(f"avatar packet {packet.path} is not writable, so MuseTalk's arrays cannot be added "
