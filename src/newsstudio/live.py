@@ -432,6 +432,7 @@ class LiveSession:
         on_close: Callable[["LiveSession"], None] | None = None,
     ):
         self.id = session_id or uuid.uuid4().hex[:16]
+        self.transport: str | None = None  # set by the server: "webrtc", "ws", ...
         self.engine = engine
         self.engine_name = engine_name or engine.name
         self.packet = packet
@@ -455,6 +456,7 @@ class LiveSession:
         self._vk = 0  # next video frame a consumer will get
         self._as = 0  # next output-audio sample a consumer will get
         self._underrun_past = 0.0
+        self._gen = 0  # bumped by every cut: renders planned before it are not kept ahead
         self.last_frame_at = time.monotonic()
 
     # ---------------------------------------------------------------- properties
@@ -496,6 +498,7 @@ class LiveSession:
             "avatar": self.avatar_id,
             "engine": self.engine_name,
             "state": self.state,
+            "transport": self.transport,
             "fps": float(self.fps),
             "width": self.width,
             "height": self.height,
@@ -590,6 +593,7 @@ class LiveSession:
         self._ahead = {}  # everything rendered ahead is >= the video cursor: re-rendered as needed
         self.stats.dropped_frames += dropped
         self._current = None
+        self._gen += 1
         # media-time latency of the cut: when the first frame / audio block not yet handed
         # out (so no longer carrying the old speech) is due, relative to now
         cut_t = max(self.clock.video_time(self._vk), self.clock.audio_time(self._as))
@@ -637,6 +641,7 @@ class LiveSession:
         f0 = max(self._vk, self.clock.frame_of_sample(self._as), self.clock.next_frame(now))
         u.start_frame = f0
         self._ahead = {k: v for k, v in self._ahead.items() if k < f0}
+        self._gen += 1
         self.stats.last_start_ms = round(max(0.0, self.clock.video_time(f0) - now) * 1000, 2)
 
     def _segment(self, k: int) -> tuple[Utterance | None, int]:
@@ -662,20 +667,32 @@ class LiveSession:
         return self.video_frames(k, 1, stack=False)[0]
 
     def video_frames(self, k: int, n: int, output: str = "nv12", stack: bool = True) -> torch.Tensor | list[torch.Tensor]:
-        """Frames [k, k+n) as (n, H*3//2, W) NV12 (or (n, H, W, 3) RGB) uint8 on the CPU."""
+        """Frames [k, k+n) as (n, H*3//2, W) NV12 (or (n, H, W, 3) RGB) uint8 on the CPU.
+
+        Rendering runs outside the session lock, so speech input, interrupts and the audio
+        track never wait for the renderer; a cut that lands during a render discards what
+        that render produced ahead (only the frame being asked for can be one frame stale)."""
         out: list[torch.Tensor] = []
+        i = k
+        while i < k + n:
+            with self._lock:
+                self._check_open()
+                f = self._ahead.pop(i, None)
+                plan = None if f is not None else self._plan(i, max(self.render_ahead, k + n - i))
+            if plan is not None:
+                frames = self._execute(plan)
+                with self._lock:
+                    self._check_open()
+                    f = frames[0]
+                    if plan[0] == self._gen:
+                        for j in range(1, len(frames)):
+                            self._ahead[i + j] = frames[j]
+            out.append(f)
+            i += 1
         with self._lock:
             self._check_open()
-            if k > self._vk:
+            if k > self._vk and self.stats.frames_out:
                 self.stats.skipped_frames += k - self._vk
-            i = k
-            while i < k + n:
-                f = self._ahead.pop(i, None)
-                if f is None:
-                    self._render_into_ahead(i, max(self.render_ahead, k + n - i))
-                    f = self._ahead.pop(i)
-                out.append(f)
-                i += 1
             self._ahead = {j: v for j, v in self._ahead.items() if j >= k + n}
             self._vk = max(self._vk, k + n)
             u = self._current
@@ -691,25 +708,26 @@ class LiveSession:
             frames = nv12_to_rgb(frames)
         return frames
 
-    def _render_into_ahead(self, k: int, n: int) -> None:
+    def _plan(self, k: int, n: int) -> tuple:
+        """Under the lock: what to render from frame k (idle or speech, how many, driving)."""
         u, span = self._segment(k)
         m = max(1, min(n, span))
-        if u is None and self._idle is not None:
-            for i in range(k, k + m):
-                self._ahead[i] = self._idle.frame(i, self.stream)
-            return
         if u is None:
-            frames = self.stream.idle_frames(k, m, "nv12")
-        else:
-            assert u.start_frame is not None
-            driving = u.driving(k - u.start_frame, m, self)
-            m = int(driving.shape[0])
-            frames = self.stream.render_frames(k, driving, "nv12")
-            self.stats.speech_frames += m
+            return (self._gen, "idle", k, m, None, self.stream, self._idle)
+        assert u.start_frame is not None
+        driving = u.driving(k - u.start_frame, m, self)
+        m = int(driving.shape[0])
+        self.stats.speech_frames += m
+        return (self._gen, "speech", k, m, driving, self.stream, None)
+
+    def _execute(self, plan: tuple) -> list[torch.Tensor]:
+        _, kind, k, m, driving, stream, idle = plan
+        if kind == "idle" and idle is not None:
+            return [idle.frame(i, stream) for i in range(k, k + m)]
+        frames = stream.idle_frames(k, m, "nv12") if kind == "idle" else stream.render_frames(k, driving, "nv12")
         frames = frames.to("cpu") if frames.device.type != "cpu" else frames
         self.stats.frames_rendered += m
-        for i in range(m):
-            self._ahead[k + i] = frames[i]
+        return list(frames.unbind(0))
 
     # ---------------------------------------------------------------- audio output
     def audio_samples(self, s: int, n: int) -> np.ndarray:

@@ -1,0 +1,72 @@
+"""Engines load once per name and stay warm; every session and job shares that instance."""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from ..engines.base import Engine
+from ..engines.registry import ENGINES, create_engine, default_engine
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine cannot be loaded here (no weights, missing module, ...)."""
+
+
+class EnginePool:
+    def __init__(self, default: str, device: torch.device, weights: str, models: Any):
+        self.device = device
+        self.weights = weights
+        self.models = models
+        self.default = default_engine(models) if default == "auto" else default
+        if self.default not in ENGINES:
+            raise ValueError(f"unknown engine {default!r}; choose one of {', '.join(ENGINES)} or 'auto'")
+        self._engines: dict[str, Engine] = {}
+        self._errors: dict[str, str] = {}
+        self._locks = {name: threading.Lock() for name in ENGINES}
+
+    def resolve(self, name: str | None) -> str:
+        if not name or name == "auto":
+            return self.default
+        if name not in ENGINES:
+            raise EngineUnavailable(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)} or 'auto'")
+        return name
+
+    def get(self, name: str | None) -> tuple[str, Engine]:
+        """(resolved name, the warm engine); loads it the first time (thread-safe)."""
+        name = self.resolve(name)
+        eng = self._engines.get(name)
+        if eng is not None:
+            return name, eng
+        with self._locks[name]:
+            eng = self._engines.get(name)
+            if eng is not None:
+                return name, eng
+            if name in self._errors:
+                raise EngineUnavailable(self._errors[name])
+            kw = {} if name == "classic" else {"weights": self.weights, "models": self.models}
+            try:
+                eng = create_engine(name, device=self.device, **kw)
+            except Exception as e:  # noqa: BLE001 - any load failure is reported, the server keeps serving
+                self._errors[name] = f"engine {name!r} is not available on this server: {type(e).__name__}: {e}"
+                raise EngineUnavailable(self._errors[name]) from e
+            self._engines[name] = eng
+            return name, eng
+
+    def loaded(self) -> dict[str, Engine]:
+        return dict(self._engines)
+
+    def describe(self) -> list[dict[str, Any]]:
+        out = []
+        for name in ENGINES:
+            eng = self._engines.get(name)
+            out.append({
+                "name": name,
+                "loaded": eng is not None,
+                "available": True if eng is not None else (False if name in self._errors else None),
+                "reason": self._errors.get(name),
+                "device": str(eng.device) if eng is not None else None,
+                "default": name == self.default,
+            })
+        return out

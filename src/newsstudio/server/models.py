@@ -1,0 +1,175 @@
+"""Typed request/response bodies of the HTTP API (they are what /docs shows)."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+JobState = Literal["queued", "running", "done", "failed"]
+EngineName = Literal["auto", "classic", "musetalk", "ditto"]
+
+
+class ErrorBody(BaseModel):
+    detail: str = Field(description="What is wrong, in words a user can act on.")
+
+
+class EngineInfo(BaseModel):
+    name: str
+    loaded: bool = Field(description="Loaded and warm (shared by every session and job).")
+    available: bool | None = Field(description="False when it failed to load; None when not tried yet.")
+    reason: str | None = None
+    device: str | None = None
+    default: bool = False
+
+
+class TtsInfo(BaseModel):
+    available: bool
+    engine: str | None = None
+    reason: str | None = None
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+    version: str
+    uptime_s: float
+    device: str
+    default_engine: str
+    engines: list[EngineInfo]
+    active_sessions: int
+    max_sessions: int
+    tts: TtsInfo
+
+
+class GpuMemory(BaseModel):
+    device: str
+    allocated_bytes: int
+    reserved_bytes: int
+    max_allocated_bytes: int
+    total_bytes: int
+
+
+class JobCounts(BaseModel):
+    queued: int = 0
+    running: int = 0
+    done: int = 0
+    failed: int = 0
+
+
+class SessionInfo(BaseModel):
+    id: str
+    avatar: str
+    engine: str
+    state: Literal["idle", "buffering", "speaking", "closed"]
+    transport: str | None = None
+    fps: float
+    width: int
+    height: int
+    sample_rate: int
+    media_time: float
+    video_frame: int
+    audio_sample: int
+    av_offset_ms: float = Field(description="Audio position minus video position handed out (one audio block at most).")
+    frames_out: int
+    frames_rendered: int
+    speech_frames: int
+    utterances: int
+    interrupts: int
+    barge_ins: int
+    dropped_frames: int
+    underrun_ms: float
+    skipped_frames: int
+    last_cut_ms: float | None = None
+    last_start_ms: float | None = None
+
+
+class Metrics(BaseModel):
+    uptime_s: float
+    fps: float = Field(description="Frames handed to clients per second, all sessions and jobs, last 5 s.")
+    frames_total: int
+    active_sessions: int
+    max_sessions: int
+    sessions_opened_total: int
+    sessions_closed_total: int
+    rejected_sessions_total: int
+    jobs: JobCounts
+    ws_slow_client_closes_total: int
+    rss_bytes: int | None
+    gpu: list[GpuMemory] | None = Field(description="Per CUDA device; null without CUDA.")
+    sessions: list[SessionInfo]
+
+
+class AvatarInfo(BaseModel):
+    id: str
+    kind: str | None
+    frames: int
+    width: int
+    height: int
+    fps: float
+    engines: list[str]
+    mouth_box: list[int] | None = Field(description="[x0, y0, x1, y1] of the mouth in frame 0 (output pixels).")
+    preview_url: str
+
+
+class AvatarList(BaseModel):
+    avatars: list[AvatarInfo]
+
+
+class JobAccepted(BaseModel):
+    job_id: str
+    status_url: str
+    avatar_id: str | None = None
+    clip_id: str | None = None
+    download_url: str | None = None
+
+
+class JobStatus(BaseModel):
+    id: str
+    kind: Literal["prebake", "clip"]
+    state: JobState
+    progress: float = Field(ge=0.0, le=1.0)
+    stage: str
+    error: str | None = None
+    created: float
+    started: float | None = None
+    finished: float | None = None
+    result: dict | None = None
+
+
+class OfferRequest(BaseModel):
+    sdp: str = Field(min_length=1, max_length=200_000)
+    type: Literal["offer"]
+    avatar: str
+    engine: EngineName = "auto"
+    fps: float | None = Field(default=None, gt=0, le=60)
+
+
+class OfferAnswer(BaseModel):
+    sdp: str
+    type: Literal["answer"]
+    session_id: str
+    width: int
+    height: int
+    fps: float
+
+
+class SpeakResult(BaseModel):
+    utterance: str
+    start_frame: int | None
+    duration_s: float
+    speech_s: float
+    cut_latency_ms: float
+    state: str
+
+
+class SayRequest(BaseModel):
+    text: str = Field(min_length=1, max_length=2000)
+    voice: str | None = Field(default=None, max_length=40, pattern=r"^[A-Za-z0-9_+\-]+$")
+
+
+class InterruptResult(BaseModel):
+    interrupted: bool
+    cut_frame: int
+    cut_sample: int
+    cut_latency_ms: float
+    dropped_frames: int
+    state: str

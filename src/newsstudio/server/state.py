@@ -1,0 +1,192 @@
+"""What the server holds: its configuration, the warm engines, live sessions, jobs, metrics."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import torch
+from fastapi import HTTPException
+
+from ..avatar.packet import Packet, PacketError, open_packet
+from ..avatar.store import avatars_root, validate_id
+from ..live import LiveSession, SessionLimitError, SessionManager
+from ..stream import default_device
+from .engines import EnginePool, EngineUnavailable
+from .jobs import JobManager
+from .tts import EspeakTts
+
+
+@dataclass
+class ServerConfig:
+    """Settings of `newsstudio serve` (the CLI passes the first seven)."""
+
+    engine: str = "auto"
+    device: str | None = None
+    weights: str = "official"
+    models: Path | None = None
+    avatars: Path | None = None
+    max_sessions: int = 8
+    clips: Path | None = None
+    """Where rendered clips go (default: `clips/` next to the avatars folder, or $NEWSSTUDIO_CLIPS)."""
+    fps: float = 25.0
+    max_upload_bytes: int = 200 << 20
+    ws_send_queue: int = 8
+    """Chunks a WebSocket client may have queued unsent before it counts as not reading."""
+    ws_close_timeout_s: float = 30.0
+    prebuffer_s: float = 0.12
+    render_ahead: int = 4
+    webrtc_connect_timeout_s: float = 30.0
+    time_source: Callable[[], float] | None = None
+    """Injectable media-clock time source (tests: simulated or scaled time)."""
+    torch_threads: int | None = None
+    """Intra-op threads; default 1 on CPU (sessions render in parallel threads instead)."""
+    warm: bool = True
+    """Load the default engine at startup."""
+    jobs_kept: int = 500
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Metrics:
+    """Counters and a rolling frames-per-second window (thread-safe)."""
+
+    def __init__(self, window_s: float = 5.0):
+        self.window_s = window_s
+        self.frames_total = 0
+        self.rejected_sessions = 0
+        self.ws_slow_closes = 0
+        self._events: deque[tuple[float, int]] = deque()
+        self._lock = threading.Lock()
+        self.started = time.time()
+
+    def add_frames(self, n: int) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self.frames_total += n
+            self._events.append((now, n))
+            self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        while self._events and self._events[0][0] < now - self.window_s:
+            self._events.popleft()
+
+    def fps(self) -> float:
+        now = time.monotonic()
+        with self._lock:
+            self._trim(now)
+            total = sum(n for _, n in self._events)
+        span = min(self.window_s, max(1e-3, time.time() - self.started))
+        return total / span
+
+
+class ServerState:
+    def __init__(self, cfg: ServerConfig):
+        self.cfg = cfg
+        self.device = torch.device(cfg.device) if cfg.device else default_device()
+        if cfg.torch_threads is not None:
+            torch.set_num_threads(int(cfg.torch_threads))
+        elif self.device.type == "cpu":
+            torch.set_num_threads(1)
+        self.avatars_root = avatars_root(cfg.avatars).resolve()
+        self.avatars_root.mkdir(parents=True, exist_ok=True)
+        self.uploads_dir = self.avatars_root / ".uploads"
+        clips = cfg.clips or os.environ.get("NEWSSTUDIO_CLIPS") or (self.avatars_root.parent / "clips")
+        self.clips_dir = Path(clips).resolve()
+        self.clips_dir.mkdir(parents=True, exist_ok=True)
+        self.fps = Fraction(cfg.fps).limit_denominator(1001)
+        self.engines = EnginePool(cfg.engine, self.device, cfg.weights, cfg.models)
+        self.sessions = SessionManager(cfg.max_sessions)
+        self.jobs = JobManager({"prebake": 1, "clip": 2}, keep=cfg.jobs_kept)
+        self.metrics = Metrics()
+        self.tts = EspeakTts()
+        self.render_pool = ThreadPoolExecutor(max_workers=max(4, cfg.max_sessions + 2), thread_name_prefix="newsstudio-live")
+        self.pending_avatars: set[str] = set()
+        self.lock = threading.Lock()
+        self.started = time.time()
+
+    # -- avatars
+    def avatar_dir(self, avatar_id: str) -> Path:
+        try:
+            validate_id(avatar_id)
+        except ValueError as e:
+            raise HTTPException(400, str(e)) from None
+        return self.avatars_root / avatar_id
+
+    def open_avatar(self, avatar_id: str) -> Packet:
+        d = self.avatar_dir(avatar_id)
+        if not (d / "manifest.json").is_file():
+            raise HTTPException(404, f"no avatar {avatar_id!r} (GET /avatars lists them; POST /avatars uploads one)")
+        try:
+            return open_packet(d)
+        except PacketError as e:
+            raise HTTPException(422, f"avatar {avatar_id!r} is damaged and cannot be used: {e}") from None
+
+    # -- engines
+    def engine(self, name: str | None):
+        try:
+            return self.engines.get(name)
+        except EngineUnavailable as e:
+            status = 400 if "unknown engine" in str(e) else 503
+            raise HTTPException(status, str(e)) from None
+
+    # -- sessions
+    def open_session(self, avatar_id: str, engine: str | None, fps: float | None, transport: str) -> LiveSession:
+        """Build a live session (call from a worker thread: it may load an engine/avatar)."""
+        packet = self.open_avatar(avatar_id)
+        name, eng = self.engine(engine)
+        rate = Fraction(fps).limit_denominator(1001) if fps else self.fps
+
+        def factory(on_close):
+            s = LiveSession(
+                eng, packet, fps=rate, time_source=self.cfg.time_source, render_ahead=self.cfg.render_ahead,
+                prebuffer_s=self.cfg.prebuffer_s, engine_name=name, on_close=on_close,
+            )
+            s.transport = transport
+            return s
+
+        try:
+            return self.sessions.open(factory)
+        except SessionLimitError as e:
+            self.metrics.rejected_sessions += 1
+            raise HTTPException(503, str(e), headers={"Retry-After": "5"}) from None
+
+    def session(self, session_id: str) -> LiveSession:
+        try:
+            return self.sessions.get(session_id)
+        except KeyError:
+            raise HTTPException(404, f"no live session {session_id!r} (it may have been closed)") from None
+
+    # -- gpu
+    def gpu_memory(self) -> list[dict[str, Any]] | None:
+        if not torch.cuda.is_available():
+            return None
+        out = []
+        for i in range(torch.cuda.device_count()):
+            out.append({
+                "device": f"cuda:{i}",
+                "allocated_bytes": int(torch.cuda.memory_allocated(i)),
+                "reserved_bytes": int(torch.cuda.memory_reserved(i)),
+                "max_allocated_bytes": int(torch.cuda.max_memory_allocated(i)),
+                "total_bytes": int(torch.cuda.get_device_properties(i).total_memory),
+            })
+        return out
+
+    def close(self) -> None:
+        self.sessions.close_all()
+        self.jobs.shutdown()
+        self.render_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None

@@ -1,0 +1,58 @@
+"""Frames for the wire: NV12 planes -> yuv420p VideoFrames (no RGB round trip), and an H.264
+access-unit encoder for WebSocket clients."""
+from __future__ import annotations
+
+from fractions import Fraction
+
+import av
+import numpy as np
+
+
+def nv12_to_yuv420p(nv12: np.ndarray) -> np.ndarray:
+    """(H*3//2, W) NV12 -> (H*3//2, W) planar I420 layout (Y, then U, then V): a plane shuffle."""
+    h = nv12.shape[0] * 2 // 3
+    w = nv12.shape[1]
+    out = np.empty(h * w * 3 // 2, np.uint8)
+    out[: h * w] = nv12[:h].reshape(-1)
+    uv = nv12[h:].reshape(h // 2, w // 2, 2)
+    q = (h // 2) * (w // 2)
+    out[h * w : h * w + q] = uv[..., 0].reshape(-1)
+    out[h * w + q :] = uv[..., 1].reshape(-1)
+    return out.reshape(h * 3 // 2, w)
+
+
+def video_frame(nv12: np.ndarray) -> av.VideoFrame:
+    """A yuv420p `av.VideoFrame` (what VP8/H.264 encoders take) from NV12 planes."""
+    frame = av.VideoFrame.from_ndarray(nv12_to_yuv420p(nv12), format="yuv420p")
+    frame.colorspace = 1  # BT.709, as the avatar packets are
+    frame.color_range = 1  # limited
+    return frame
+
+
+class H264Encoder:
+    """One access unit (Annex B, SPS/PPS repeated on keyframes) per frame, no B-frames, no
+    look-ahead: a frame goes in, its access unit comes out."""
+
+    def __init__(self, width: int, height: int, fps: Fraction, keyint_s: float = 2.0):
+        self.ctx = av.CodecContext.create("libx264", "w")
+        self.ctx.width, self.ctx.height = width, height
+        self.ctx.pix_fmt = "yuv420p"
+        self.ctx.time_base = Fraction(1) / fps
+        self.ctx.framerate = fps
+        keyint = max(1, int(round(float(fps) * keyint_s)))
+        self.ctx.options = {"preset": "ultrafast", "tune": "zerolatency", "x264-params": f"keyint={keyint}:min-keyint={keyint}:repeat-headers=1:bframes=0", "crf": "23"}
+        self.n = 0
+
+    def encode(self, nv12: np.ndarray, frame_index: int) -> bytes:
+        f = video_frame(nv12)
+        f.pts = frame_index
+        f.time_base = self.ctx.time_base
+        packets = self.ctx.encode(f)
+        self.n += 1
+        return b"".join(bytes(p) for p in packets)
+
+    def close(self) -> None:
+        try:
+            self.ctx.encode(None)
+        except Exception:  # noqa: BLE001
+            pass

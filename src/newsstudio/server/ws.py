@@ -1,0 +1,355 @@
+"""WebSocket protocol for programmatic clients (/ws), and streamed speech into any session
+(/sessions/{id}/audio).
+
+/ws, client -> server:
+  text  {"type": "start", "avatar": ID, "engine": "auto", "format": "nv12" | "h264",
+         "fps": 25, "chunk_frames": 2, "sample_rate": 16000, "pcm": "s16le" | "f32le",
+         "on_slow": "close" | "drop"}                       (first message, once)
+  bytes PCM speech, mono, at the start message's sample_rate and pcm format; the avatar
+        speaks as it arrives (the first chunk after a pause barges in)
+  text  {"type": "speech_end"}   the streamed utterance is complete
+  text  {"type": "interrupt"}    cut the current speech now
+  text  {"type": "close"}        end the session (the server closes with 1000)
+
+/ws, server -> client:
+  text  {"type": "started", "session", "width", "height", "fps", "sample_rate", "format", ...}
+  bytes a chunk: 4-byte big-endian header length L, L bytes of JSON header, then the frames,
+        then the audio. The header carries the stream contract's fields: chunk_idx,
+        frame_start, num_frames, is_last, pts (seconds), audio_start (output sample index),
+        sample_rate, plus format, width, height, frame_bytes (size of each frame's bytes:
+        raw NV12 (H*3/2 x W) or one H.264 Annex-B access unit), audio_format ("f32le"),
+        channels (1), audio_samples, state. Chunk k is sent when its first frame is due on
+        the session's media clock.
+  text  {"type": "error", "message"} before a close with a reason
+
+A client that stops reading: chunks wait in a bounded queue (ws_send_queue chunks). When it
+is full the session is closed and freed at once, and the socket is closed with 1008 and a
+reason (delivered when the client reads again); with on_slow="drop" the oldest queued chunk
+is dropped instead (frame_start then jumps; `dropped` in the header counts them).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import struct
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, HTTPException, WebSocket, WebSocketDisconnect
+
+from ..live import LiveSession, SessionError
+from .state import ServerState
+from .video import H264Encoder
+
+log = logging.getLogger("newsstudio.server")
+
+CLOSE_NORMAL = 1000
+CLOSE_UNSUPPORTED = 1003
+CLOSE_POLICY = 1008
+CLOSE_TRY_LATER = 1013
+CLOSE_NOT_FOUND = 4404
+MAX_PCM_MESSAGE = 1 << 20
+
+
+class _Slow(Exception):
+    pass
+
+
+def _pack(header: dict[str, Any], *payload: bytes) -> bytes:
+    h = json.dumps(header, separators=(",", ":")).encode()
+    return b"".join([struct.pack(">I", len(h)), h, *payload])
+
+
+def _pcm(data: bytes, fmt: str) -> np.ndarray:
+    if fmt == "f32le":
+        if len(data) % 4:
+            raise ValueError("f32le PCM messages must hold a whole number of 4-byte samples")
+        return np.frombuffer(data, "<f4")
+    if len(data) % 2:
+        raise ValueError("s16le PCM messages must hold a whole number of 2-byte samples")
+    return np.frombuffer(data, "<i2")
+
+
+def register_ws(app: FastAPI, state: ServerState) -> None:
+    @app.websocket("/ws")
+    async def ws_session(ws: WebSocket) -> None:
+        await ws.accept()
+        await WsSession(ws, state).run()
+
+    @app.websocket("/sessions/{session_id}/audio")
+    async def ws_audio(ws: WebSocket, session_id: str, sample_rate: int = 48000, format: str = "s16le") -> None:
+        """Streamed speech (binary PCM messages) into a session, e.g. one watched over WebRTC."""
+        await ws.accept()
+        try:
+            session = state.session(session_id)
+        except HTTPException as e:
+            await ws.close(CLOSE_NOT_FOUND, e.detail[:120])
+            return
+        if format not in ("s16le", "f32le") or not 8000 <= sample_rate <= 192000:
+            await ws.close(CLOSE_POLICY, "format must be s16le or f32le and sample_rate 8000..192000")
+            return
+        try:
+            while True:
+                msg = await ws.receive()
+                if msg["type"] == "websocket.disconnect":
+                    break
+                if msg.get("bytes") is not None:
+                    session.push_speech(_pcm(msg["bytes"], format), sample_rate)
+                elif msg.get("text") is not None:
+                    kind = json.loads(msg["text"]).get("type")
+                    if kind == "speech_end":
+                        session.end_speech()
+                    elif kind == "interrupt":
+                        session.interrupt()
+        except (ValueError, SessionError) as e:
+            await _close(ws, CLOSE_POLICY, str(e))
+        except WebSocketDisconnect:
+            pass
+        try:
+            session.end_speech()
+        except SessionError:
+            pass
+
+
+async def _close(ws: WebSocket, code: int, reason: str) -> None:
+    try:
+        await ws.close(code, reason[:120])
+    except Exception:  # noqa: BLE001 - already gone
+        pass
+
+
+class WsSession:
+    def __init__(self, ws: WebSocket, state: ServerState):
+        self.ws = ws
+        self.state = state
+        self.session: LiveSession | None = None
+        self.queue: asyncio.Queue[bytes] | None = None
+        self.opts: dict[str, Any] = {}
+        self.dropped = 0
+        self.closing: tuple[int, str] | None = None
+
+    async def run(self) -> None:
+        tasks: list[asyncio.Task] = []
+        try:
+            start = await asyncio.wait_for(self.ws.receive(), timeout=30)
+            if start["type"] == "websocket.disconnect":
+                return
+            self.opts = self._parse_start(start)
+            loop = asyncio.get_running_loop()
+            try:
+                self.session = await loop.run_in_executor(None, self.state.open_session, self.opts["avatar"], self.opts["engine"], self.opts["fps"], "ws")
+            except HTTPException as e:
+                retry = bool(e.headers and "Retry-After" in e.headers)  # the session cap: try again later
+                code = CLOSE_NOT_FOUND if e.status_code == 404 else CLOSE_TRY_LATER if retry else CLOSE_POLICY
+                await self._error_close(code, e.detail)
+                return
+            s = self.session
+            self.queue = asyncio.Queue(maxsize=max(1, self.state.cfg.ws_send_queue))
+            await self.ws.send_text(json.dumps({
+                "type": "started", "session": s.id, "width": s.width, "height": s.height, "fps": float(s.fps),
+                "sample_rate": s.out_rate, "audio_format": "f32le", "channels": 1, "format": self.opts["format"],
+                "chunk_frames": self.opts["chunk_frames"], "engine": s.engine_name, "avatar": s.avatar_id,
+            }))
+            tasks = [asyncio.ensure_future(self._pump()), asyncio.ensure_future(self._send()), asyncio.ensure_future(self._receive())]
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                exc = t.exception()
+                if exc is not None:
+                    raise exc
+        except asyncio.TimeoutError:
+            await self._error_close(CLOSE_POLICY, "no start message within 30 s")
+        except _Protocol as e:
+            self.closing = (e.code, str(e))
+        except _Slow:
+            self._slow()
+        except WebSocketDisconnect:
+            pass
+        finally:
+            for t in tasks:
+                t.cancel()
+            if self.session is not None:
+                self.session.close()
+            if self.closing is not None:
+                code, reason = self.closing
+                if code != CLOSE_NORMAL:
+                    await self._send_error_text(reason)
+                # the session is already freed; the reason reaches a stalled client when (if) it reads again
+                try:
+                    await asyncio.wait_for(_close(self.ws, code, reason), timeout=self.state.cfg.ws_close_timeout_s)
+                except asyncio.TimeoutError:
+                    pass
+
+    async def _send_error_text(self, message: str) -> None:
+        if self.closing is not None and self.closing[0] == CLOSE_POLICY and message.startswith("client too slow"):
+            return  # it is not reading: only the close frame is worth queueing behind the stall
+        try:
+            await asyncio.wait_for(self.ws.send_text(json.dumps({"type": "error", "message": message})), timeout=2)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _parse_start(self, msg: dict) -> dict[str, Any]:
+        if msg.get("text") is None:
+            raise _Protocol(CLOSE_POLICY, 'send {"type": "start", "avatar": ...} as the first (text) message')
+        try:
+            d = json.loads(msg["text"])
+        except ValueError:
+            raise _Protocol(CLOSE_UNSUPPORTED, "the first message is not valid JSON") from None
+        if not isinstance(d, dict) or d.get("type") != "start":
+            raise _Protocol(CLOSE_POLICY, 'the first message must be {"type": "start", ...}')
+        fmt = d.get("format", "nv12")
+        if fmt not in ("nv12", "h264"):
+            raise _Protocol(CLOSE_POLICY, f"format must be 'nv12' or 'h264', got {fmt!r}")
+        pcm = d.get("pcm", "s16le")
+        if pcm not in ("s16le", "f32le"):
+            raise _Protocol(CLOSE_POLICY, f"pcm must be 's16le' or 'f32le', got {pcm!r}")
+        try:
+            chunk = int(d.get("chunk_frames", 2))
+            sr = int(d.get("sample_rate", 16000))
+            fps = d.get("fps")
+            fps = float(fps) if fps is not None else None
+        except (TypeError, ValueError):
+            raise _Protocol(CLOSE_POLICY, "chunk_frames, sample_rate and fps must be numbers") from None
+        if not 1 <= chunk <= 64 or not 8000 <= sr <= 192000 or (fps is not None and not 0 < fps <= 60):
+            raise _Protocol(CLOSE_POLICY, "chunk_frames must be 1..64, sample_rate 8000..192000, fps 0..60")
+        on_slow = d.get("on_slow", "close")
+        if on_slow not in ("close", "drop"):
+            raise _Protocol(CLOSE_POLICY, "on_slow must be 'close' or 'drop'")
+        avatar = d.get("avatar")
+        if not isinstance(avatar, str):
+            raise _Protocol(CLOSE_POLICY, "start needs an avatar id")
+        return {"avatar": avatar, "engine": d.get("engine", "auto"), "format": fmt, "pcm": pcm, "chunk_frames": chunk, "sample_rate": sr, "fps": fps, "on_slow": on_slow}
+
+    async def _error_close(self, code: int, message: str) -> None:
+        try:
+            await self.ws.send_text(json.dumps({"type": "error", "message": message}))
+        except Exception:  # noqa: BLE001
+            pass
+        await _close(self.ws, code, message)
+
+    async def _receive(self) -> None:
+        s = self.session
+        assert s is not None
+        while self.closing is None:
+            msg = await self.ws.receive()
+            if msg["type"] == "websocket.disconnect":
+                raise WebSocketDisconnect(msg.get("code", 1000))
+            if msg.get("bytes") is not None:
+                data = msg["bytes"]
+                if len(data) > MAX_PCM_MESSAGE:
+                    raise _Protocol(CLOSE_POLICY, f"PCM messages are limited to {MAX_PCM_MESSAGE} bytes")
+                try:
+                    s.push_speech(_pcm(data, self.opts["pcm"]), self.opts["sample_rate"])
+                except ValueError as e:
+                    raise _Protocol(CLOSE_POLICY, str(e)) from None
+                continue
+            try:
+                d = json.loads(msg.get("text") or "")
+            except ValueError:
+                raise _Protocol(CLOSE_UNSUPPORTED, "control messages must be JSON") from None
+            kind = d.get("type") if isinstance(d, dict) else None
+            if kind == "speech_end":
+                s.end_speech()
+            elif kind == "interrupt":
+                info = s.interrupt()
+                await self._text({"type": "interrupted", **info})
+            elif kind == "close":
+                self.closing = (CLOSE_NORMAL, "closed by the client")
+                return
+            elif kind == "start":
+                raise _Protocol(CLOSE_POLICY, "the session is already started")
+            else:
+                raise _Protocol(CLOSE_POLICY, f"unknown message type {kind!r}")
+
+    async def _text(self, obj: dict) -> None:
+        # control replies go through the same bounded queue, in order with the chunks
+        await self._enqueue(json.dumps(obj).encode(), text=True)
+
+    async def _enqueue(self, payload: bytes, text: bool = False) -> None:
+        q = self.queue
+        assert q is not None
+        item = (b"T" if text else b"B") + payload
+        try:
+            q.put_nowait(item)
+        except asyncio.QueueFull:
+            if self.opts.get("on_slow") == "drop":
+                try:
+                    q.get_nowait()
+                    self.dropped += 1
+                except asyncio.QueueEmpty:
+                    pass
+                q.put_nowait(item)
+                return
+            raise _Slow() from None
+
+    async def _pump(self) -> None:
+        """Render chunk after chunk on the media clock and queue them for sending."""
+        s = self.session
+        assert s is not None
+        loop = asyncio.get_running_loop()
+        clock = s.clock
+        n = self.opts["chunk_frames"]
+        h264 = H264Encoder(s.width, s.height, s.fps) if self.opts["format"] == "h264" else None
+        k = clock.next_frame(clock.now())
+        idx = 0
+        try:
+            while not s.closed:
+                await clock.sleep_until(clock.video_time(k))
+                now = clock.now()
+                if clock.video_time(k) < now - 1.0:  # stalled (or the clock jumped): skip ahead
+                    k = clock.next_frame(now)
+                frames = await loop.run_in_executor(self.state.render_pool, s.video_frames, k, n)
+                a0, a1 = clock.frame_sample(k), clock.frame_sample(k + n)
+                audio = s.audio_samples(a0, a1 - a0)
+                arr = frames.numpy()
+                if h264 is not None:
+                    parts = await loop.run_in_executor(self.state.render_pool, lambda: [h264.encode(f, k + i) for i, f in enumerate(arr)])
+                else:
+                    parts = [f.tobytes() for f in arr]
+                header = {
+                    "type": "chunk", "session": s.id, "chunk_idx": idx, "frame_start": k, "num_frames": n, "is_last": False,
+                    "pts": [float(clock.video_time(k + i)) for i in range(n)], "format": self.opts["format"],
+                    "width": s.width, "height": s.height, "frame_bytes": [len(p) for p in parts],
+                    "audio_start": a0, "audio_samples": int(audio.size), "sample_rate": s.out_rate, "audio_format": "f32le",
+                    "channels": 1, "state": s.state, "dropped": self.dropped,
+                }
+                await self._enqueue(_pack(header, *parts, audio.astype("<f4").tobytes()))
+                self.state.metrics.add_frames(n)
+                k += n
+                idx += 1
+        except _Slow:
+            self._slow()
+        except SessionError:
+            pass
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001
+            log.exception("ws pump failed")
+            self.closing = (1011, "internal error while rendering")
+        finally:
+            if h264 is not None:
+                h264.close()
+
+    def _slow(self) -> None:
+        n = self.state.cfg.ws_send_queue
+        self.state.metrics.ws_slow_closes += 1
+        log.info("ws session %s: client not reading (%d chunks queued); closing", self.session.id if self.session else "?", n)
+        if self.session is not None:
+            self.session.close()  # free it now, not when the socket finally goes
+        self.closing = (CLOSE_POLICY, f"client too slow: {n} chunks queued unsent (send queue full); session closed")
+
+    async def _send(self) -> None:
+        q = self.queue
+        assert q is not None
+        while True:
+            item = await q.get()
+            if item[:1] == b"T":
+                await self.ws.send_text(item[1:].decode())
+            else:
+                await self.ws.send_bytes(item[1:])
+
+
+class _Protocol(Exception):
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code

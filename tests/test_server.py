@@ -1,0 +1,622 @@
+"""The live service end to end: a real uvicorn server on loopback, httpx for REST, a real
+WebSocket client, and two real aiortc peers. Classic engine on CPU, 256x256 avatars."""
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import math
+import socket
+import struct
+import threading
+import time
+import wave
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import httpx
+import numpy as np
+import pytest
+import torch
+import uvicorn
+
+from newsstudio.live import ScaledTime
+from newsstudio.server.app import ServerConfig, create_app
+
+HELLO = Path(__file__).resolve().parents[1] / "src" / "newsstudio" / "assets" / "hello.flac"
+UPLOAD_LIMIT = 2_000_000
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+class ServerThread:
+    """uvicorn on a pre-bound loopback socket, in a thread; stops cleanly."""
+
+    def __init__(self, app):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.ws_url = f"ws://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        t0 = time.monotonic()
+        while not self.server.started:
+            assert time.monotonic() - t0 < 60, "server did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(timeout=20)
+        self.sock.close()
+
+
+def speechlike(seconds: float, sr: int = 16000, syllables_hz: float = 4.0, seed: int = 0) -> np.ndarray:
+    """Voiced harmonics (f0 ~140 Hz) under a syllable envelope: what a mouth model reacts to."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * sr)) / sr
+    f0 = 140 + 20 * np.sin(2 * np.pi * 0.7 * t)
+    phase = 2 * np.pi * np.cumsum(f0) / sr
+    x = sum(np.sin(h * phase) / h for h in range(1, 20))
+    env = np.abs(np.sin(np.pi * syllables_hz * t)) ** 0.7
+    x = 0.3 * x * env / np.abs(x).max() + 0.002 * rng.standard_normal(t.size)
+    return x.astype(np.float32)
+
+
+def wav_bytes(x: np.ndarray, sr: int) -> bytes:
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(sr)
+        w.writeframes(np.clip(np.rint(x * 32767), -32768, 32767).astype("<i2").tobytes())
+    return buf.getvalue()
+
+
+def bursts(n: int, on_s: float, period_s: float, first_s: float, sr: int = 48000) -> np.ndarray:
+    """Tone-rich bursts starting exactly at first_s + i * period_s (frame boundaries at 25 fps)."""
+    x = np.zeros(int((first_s + n * period_s + 0.3) * sr), np.float32)
+    t = np.arange(int(on_s * sr)) / sr
+    burst = sum(np.cos(2 * np.pi * 150 * h * t) / h for h in range(1, 15))
+    burst = (0.4 * burst / np.abs(burst).max()).astype(np.float32)
+    for i in range(n):
+        a = int(round((first_s + i * period_s) * sr))
+        x[a : a + burst.size] = burst
+    return x
+
+
+def wait_job(client: httpx.Client, job_id: str, timeout: float = 120) -> dict:
+    t0 = time.monotonic()
+    seen = []
+    while True:
+        r = client.get(f"/jobs/{job_id}")
+        assert r.status_code == 200, r.text
+        j = r.json()
+        seen.append(j["progress"])
+        if j["state"] in ("done", "failed"):
+            assert seen == sorted(seen), "progress went backwards"
+            return j
+        assert time.monotonic() - t0 < timeout, j
+        time.sleep(0.05)
+
+
+def mouth_luma(y: np.ndarray, box) -> np.ndarray:
+    x0, y0, x1, y1 = box
+    return y[max(0, y0 - 3) : y1 + 3, max(0, x0 - 3) : x1 + 3].astype(np.float32)
+
+
+def no_partial_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if ".partial" in p.name or p.name.startswith(".tmp") or p.name.startswith(".trash") or (p.parent.name == ".uploads")]
+
+
+# ----------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    from PIL import Image
+    from skimage import data
+
+    from newsstudio.avatar.prebake import prebake
+
+    d = tmp_path_factory.mktemp("server")
+    Image.fromarray(data.astronaut()).save(d / "astronaut.png")
+    prebake(d / "astronaut.png", "astro", root=d / "avatars", size=(256, 256), progress=False)
+    return d
+
+
+@pytest.fixture(scope="module")
+def server(data_dir):
+    cfg = ServerConfig(engine="classic", device="cpu", avatars=data_dir / "avatars", clips=data_dir / "clips", max_sessions=3, max_upload_bytes=UPLOAD_LIMIT, ws_send_queue=4, ws_close_timeout_s=20)
+    with ServerThread(create_app(cfg)) as srv:
+        srv.data = data_dir
+        yield srv
+    torch.set_num_threads(1)
+
+
+@pytest.fixture
+def client(server):
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        yield c
+
+
+# ----------------------------------------------------------------------------- REST
+
+
+def test_health_metrics_and_docs(client):
+    h = client.get("/health").json()
+    assert h["status"] == "ok" and h["default_engine"] == "classic"
+    classic = next(e for e in h["engines"] if e["name"] == "classic")
+    assert classic["loaded"] and classic["device"] == "cpu"  # warm from startup
+    assert h["max_sessions"] == 3
+    mt = client.get("/metrics").json()
+    assert {"fps", "active_sessions", "gpu", "rss_bytes", "jobs"} <= set(mt)
+    assert mt["gpu"] is None or isinstance(mt["gpu"], list)
+    assert client.get("/docs").status_code == 200
+    paths = client.get("/openapi.json").json()["paths"]
+    for p in ("/avatars", "/avatars/{avatar_id}", "/jobs/{job_id}", "/clips", "/clips/{clip_id}.mp4", "/webrtc/offer", "/sessions/{session_id}/speak", "/sessions/{session_id}/interrupt", "/health", "/metrics"):
+        assert p in paths, p
+    page = client.get("/")
+    assert page.status_code == 200 and "NewsStudio" in page.text
+
+
+def test_avatar_upload_list_clip_download_delete(client, server):
+    png = (server.data / "astronaut.png").read_bytes()
+    r = client.post("/avatars", files={"file": ("face.png", png, "image/png")}, data={"id": "anchor-1", "size": "256x256"})
+    assert r.status_code == 202, r.text
+    job = wait_job(client, r.json()["job_id"])
+    assert job["state"] == "done", job
+    assert job["kind"] == "prebake" and job["progress"] == 1.0
+    assert job["result"]["avatar_id"] == "anchor-1"
+    ids = [a["id"] for a in client.get("/avatars").json()["avatars"]]
+    assert "anchor-1" in ids and "astro" in ids
+    info = client.get("/avatars/anchor-1").json()
+    assert (info["width"], info["height"]) == (256, 256) and len(info["mouth_box"]) == 4
+    prev = client.get(info["preview_url"])
+    assert prev.status_code == 200 and prev.headers["content-type"] == "image/jpeg"
+
+    speech = speechlike(2.3, 16000)
+    r = client.post("/clips", files={"audio": ("speech.wav", wav_bytes(speech, 16000), "audio/wav")}, data={"avatar": "anchor-1", "engine": "classic", "fps": "25"})
+    assert r.status_code == 202, r.text
+    clip = r.json()
+    job = wait_job(client, clip["job_id"])
+    assert job["state"] == "done", job
+    r = client.get(clip["download_url"])
+    assert r.status_code == 200 and r.headers["content-type"] == "video/mp4"
+    with av.open(io.BytesIO(r.content)) as c:
+        assert c.streams.audio, "the clip has no audio track"
+        vs = c.streams.video[0]
+        frames = [f for f in c.decode(vs)]
+    assert len(frames) == math.ceil(2.3 * 25) == job["result"]["frames"]
+    assert (frames[0].width, frames[0].height) == (256, 256)
+    # the mouth moves in the clip
+    box = info["mouth_box"]
+    ys = [f.to_ndarray(format="gray") for f in frames]
+    diffs = [np.abs(mouth_luma(y, box) - mouth_luma(ys[0], box)).mean() for y in ys]
+    assert max(diffs) > 4
+
+    assert client.delete("/avatars/anchor-1").status_code == 204
+    assert client.get("/avatars/anchor-1").status_code == 404
+    assert "anchor-1" not in [a["id"] for a in client.get("/avatars").json()["avatars"]]
+    assert client.delete("/avatars/anchor-1").status_code == 404
+    assert not no_partial_files(server.data)
+
+
+def test_bad_input_gets_clear_4xx_and_leaves_nothing_half_written(client, server):
+    png = (server.data / "astronaut.png").read_bytes()
+    speech = wav_bytes(speechlike(1.0, 16000), 16000)
+
+    def err(r, status, *words):
+        assert r.status_code == status, (r.status_code, r.text)
+        detail = r.json()["detail"]
+        text = json.dumps(detail).lower()
+        for w in words:
+            assert w.lower() in text, (w, detail)
+
+    # avatars
+    err(client.post("/avatars", files={"file": ("x.txt", b"hello", "text/plain")}, data={"id": "x1"}), 415, "content type")
+    err(client.post("/avatars", files={"file": ("f.png", png, "image/png")}, data={"id": "../evil"}), 400, "invalid avatar id")
+    err(client.post("/avatars", files={"file": ("f.png", png, "image/png")}, data={"id": "a/b"}), 400, "invalid avatar id")
+    err(client.post("/avatars", files={"file": ("f.png", png, "image/png")}, data={"id": "astro"}), 409, "already exists")
+    err(client.post("/avatars", files={"file": ("f.png", b"\x89PNG\r\n\x1a\n" + bytes(200), "image/png")}, data={"id": "broken"}), 422, "not a readable image")
+    err(client.post("/avatars", files={"file": ("f.mp4", bytes(range(256)) * 40, "video/mp4")}, data={"id": "broken"}), 422, "video")
+    err(client.post("/avatars", files={"file": ("big.png", b"\0" * (UPLOAD_LIMIT + 2_000_000), "image/png")}, data={"id": "big"}), 413, "too large")
+    err(client.post("/avatars", files={"file": ("f.png", png, "image/png")}, data={"id": "ok1", "size": "255x7"}), 400, "size")
+    err(client.get("/avatars/nobody"), 404, "no avatar")
+    err(client.delete("/avatars/.uploads"), 400, "invalid avatar id")
+    assert client.get("/avatars/..%2F..%2Fetc%2Fpasswd").status_code in (400, 404)
+    err(client.get("/avatars/a..b"), 400, "invalid avatar id")
+    # a photo with no face: accepted, then the job fails with the reason, and nothing is left
+    blank = io.BytesIO()
+    from PIL import Image
+
+    Image.fromarray(np.full((256, 256, 3), 127, np.uint8)).save(blank, "PNG")
+    r = client.post("/avatars", files={"file": ("wall.png", blank.getvalue(), "image/png")}, data={"id": "noface"})
+    assert r.status_code == 202
+    job = wait_job(client, r.json()["job_id"])
+    assert job["state"] == "failed" and "face" in job["error"].lower()
+    assert client.get("/avatars/noface").status_code == 404
+
+    # clips
+    files = lambda data, ctype="audio/wav", name="s.wav": {"audio": (name, data, ctype)}  # noqa: E731
+    err(client.post("/clips", files=files(speech), data={"avatar": "nobody"}), 404, "no avatar")
+    err(client.post("/clips", files=files(speech), data={"avatar": "../../etc"}), 400, "invalid avatar id")
+    err(client.post("/clips", files=files(png, "image/png"), data={"avatar": "astro"}), 415, "content type")
+    err(client.post("/clips", files=files(b""), data={"avatar": "astro"}), 422, "empty")
+    err(client.post("/clips", files=files(b"RIFF" + bytes(range(256)) * 8), data={"avatar": "astro"}), 422)
+    err(client.post("/clips", files=files(speech[: len(speech) // 2] + b"", "audio/wav"), data={"avatar": "astro"}), 422, "truncated")
+    err(client.post("/clips", files=files(wav_bytes(np.zeros(16000, np.float32), 16000)), data={"avatar": "astro"}), 422, "no speech")
+    err(client.post("/clips", files=files(b"\0" * (UPLOAD_LIMIT + 500_000)), data={"avatar": "astro"}), 413, "too large")
+    err(client.post("/clips", files=files(speech), data={"avatar": "astro", "engine": "nonsense"}), 422)
+    err(client.post("/clips", files=files(speech), data={"avatar": "astro", "engine": "musetalk"}), 503, "not available")
+    err(client.post("/clips", data={"avatar": "astro"}), 422)  # no file at all
+    err(client.get("/clips/not-a-clip.mp4"), 400, "invalid clip id")
+    err(client.get("/clips/0123456789abcdef.mp4"), 404, "no clip")
+    err(client.get("/jobs/unknown"), 404, "no job")
+
+    # sessions and WebRTC
+    err(client.post("/sessions/nope/interrupt"), 404, "no live session")
+    err(client.post("/sessions/nope/speak", files=files(speech)), 404, "no live session")
+    err(client.post("/webrtc/offer", json={"sdp": "hello", "type": "offer", "avatar": "astro"}), 400, "malformed sdp")
+    err(client.post("/webrtc/offer", json={"sdp": "v=0\r\no=- 0 0 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\nm=video 9 UDP/TLS/RTP/SAVPF 96\r\n", "type": "offer", "avatar": "astro"}), 400, "audio")
+    err(client.post("/webrtc/offer", json={"sdp": "v=0\r\nm=video 9 X 1\r\nm=audio 9 X 1\r\nbogus", "type": "offer", "avatar": "astro"}), 400, "malformed sdp")
+    err(client.post("/webrtc/offer", json={"sdp": "v=0\r\nm=video\r\n", "type": "answer", "avatar": "astro"}), 422)
+    err(client.post("/webrtc/offer", content=b"{not json", headers={"content-type": "application/json"}), 422)
+    # the malformed offers above did not leak sessions
+    assert client.get("/metrics").json()["active_sessions"] == 0
+
+    # the server kept serving, and nothing is half-written on disk
+    assert client.get("/health").json()["status"] == "ok"
+    left = no_partial_files(server.data)
+    assert not left, left
+    assert sorted(p.name for p in (server.data / "avatars").iterdir() if not p.name.startswith(".")) == ["astro"]
+
+
+# ----------------------------------------------------------------------------- WebSocket
+
+
+def _unpack(msg: bytes):
+    (n,) = struct.unpack(">I", msg[:4])
+    header = json.loads(msg[4 : 4 + n])
+    body = msg[4 + n :]
+    frames, off = [], 0
+    for size in header["frame_bytes"]:
+        frames.append(body[off : off + size])
+        off += size
+    audio = np.frombuffer(body[off:], "<f4")
+    return header, frames, audio
+
+
+async def _ws_round_trip(server, fmt: str):
+    from websockets.asyncio.client import connect
+
+    info = httpx.get(f"{server.url}/avatars/astro").json()
+    box = info["mouth_box"]
+    async with connect(f"{server.ws_url}/ws", max_size=None) as ws:
+        await ws.send(json.dumps({"type": "start", "avatar": "astro", "engine": "classic", "format": fmt, "chunk_frames": 2, "sample_rate": 16000}))
+        started = json.loads(await ws.recv())
+        assert started["type"] == "started" and (started["width"], started["height"]) == (256, 256)
+        w, h = started["width"], started["height"]
+        decoder = av.CodecContext.create("h264", "r") if fmt == "h264" else None
+        chunks = []
+        frames_y = {}
+        speech = speechlike(2.0, 16000)
+        sent_speech = False
+        interrupted = None
+        t_end = time.monotonic() + 30
+        while time.monotonic() < t_end:
+            msg = await ws.recv()
+            if isinstance(msg, str):
+                d = json.loads(msg)
+                if d["type"] == "interrupted":
+                    interrupted = d
+                continue
+            header, frames, audio = _unpack(msg)
+            chunks.append(header)
+            assert header["num_frames"] == len(frames) == 2
+            assert audio.size == header["audio_samples"]
+            for i, f in enumerate(frames):
+                if fmt == "nv12":
+                    assert len(f) == w * h * 3 // 2
+                    y = np.frombuffer(f, np.uint8)[: w * h].reshape(h, w)
+                else:
+                    decoded = decoder.decode(av.Packet(f))
+                    assert len(decoded) == 1  # one access unit -> one picture, no delay
+                    y = decoded[0].to_ndarray(format="gray")
+                frames_y[header["frame_start"] + i] = (y, header["state"], np.abs(audio).max())
+            if len(chunks) == 10 and not sent_speech:
+                # stream the speech as PCM in 100 ms messages (the avatar speaks as it arrives)
+                pcm = np.clip(np.rint(speech * 32767), -32768, 32767).astype("<i2")
+                for i in range(0, pcm.size, 1600):
+                    await ws.send(pcm[i : i + 1600].tobytes())
+                await ws.send(json.dumps({"type": "speech_end"}))
+                sent_speech = True
+                t_speech = header["frame_start"]
+            if sent_speech and interrupted is None and header["frame_start"] > t_speech + 25:
+                await ws.send(json.dumps({"type": "interrupt"}))
+                interrupted = {}
+            if interrupted and len(chunks) > 10 and header["frame_start"] > interrupted["cut_frame"] + 10:
+                break
+        await ws.send(json.dumps({"type": "close"}))
+        with pytest.raises(Exception):
+            while True:
+                await ws.recv()
+        assert ws.close_code == 1000
+    # the stream contract: contiguous frames, pts = k / fps, audio for exactly those frames
+    for a, b in zip(chunks, chunks[1:]):
+        assert b["frame_start"] == a["frame_start"] + a["num_frames"]
+        assert b["chunk_idx"] == a["chunk_idx"] + 1
+        assert b["audio_start"] == a["audio_start"] + a["audio_samples"]
+    for c in chunks:
+        assert c["pts"] == [pytest.approx((c["frame_start"] + i) / 25) for i in range(c["num_frames"])]
+        assert c["audio_start"] == c["frame_start"] * 48000 // 25
+    states = [c["state"] for c in chunks]
+    assert "speaking" in states and states[0] == "idle" and states[-1] == "idle"
+    # the mouth moves while speaking and is still when idle
+    ks = sorted(frames_y)
+    ref = mouth_luma(frames_y[ks[0]][0], box)
+    tol = 0.5 if fmt == "nv12" else 2.5
+    idle_d = [np.abs(mouth_luma(frames_y[k][0], box) - ref).mean() for k in ks if frames_y[k][1] == "idle" and k < t_speech]
+    speak_d = [np.abs(mouth_luma(frames_y[k][0], box) - ref).mean() for k in ks if frames_y[k][1] == "speaking"]
+    assert max(idle_d) < tol
+    assert max(speak_d) > 4 * tol + 3
+    # interrupt: the cut lands within 100 ms of media time; everything after is idle and silent
+    assert interrupted and interrupted["interrupted"] and interrupted["cut_latency_ms"] <= 100
+    after = [k for k in ks if k >= interrupted["cut_frame"]]
+    assert after and all(np.abs(mouth_luma(frames_y[k][0], box) - ref).mean() < tol for k in after)
+    assert all(frames_y[k][2] == 0 for k in after)
+
+
+def test_ws_session_round_trip_nv12(server):
+    asyncio.run(_ws_round_trip(server, "nv12"))
+    assert httpx.get(f"{server.url}/metrics").json()["active_sessions"] == 0  # freed on close
+
+
+def test_ws_session_round_trip_h264(server):
+    asyncio.run(_ws_round_trip(server, "h264"))
+
+
+async def _ws_expect_close(server, first, code, words=(), then=None):
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    async with connect(f"{server.ws_url}/ws", max_size=None) as ws:
+        await ws.send(first)
+        if then is not None:
+            started = json.loads(await ws.recv())
+            assert started["type"] == "started"
+            await ws.send(then)
+        with pytest.raises(ConnectionClosed) as exc:
+            for _ in range(10_000):
+                await ws.recv()
+        rcvd = exc.value.rcvd
+        assert rcvd is not None and rcvd.code == code, (rcvd, code)
+        for w in words:
+            assert w in rcvd.reason.lower(), rcvd.reason
+
+
+def test_ws_bad_protocol(server):
+    start = json.dumps({"type": "start", "avatar": "astro", "engine": "classic"})
+    cases = [
+        (b"\x00\x01", 1008, ("start",), None),
+        ("{not json", 1003, ("json",), None),
+        (json.dumps({"type": "start", "avatar": "nobody"}), 4404, ("no avatar",), None),
+        (json.dumps({"type": "start", "avatar": "../x"}), 1008, ("invalid avatar id",), None),
+        (json.dumps({"type": "start", "avatar": "astro", "format": "gif"}), 1008, ("format",), None),
+        (json.dumps({"type": "start", "avatar": "astro", "engine": "ditto"}), 1008, ("not available",), None),
+        (start, 1008, ("2-byte",), b"\x01\x02\x03"),
+        (start, 1008, ("unknown message",), json.dumps({"type": "dance"})),
+    ]
+    for first, code, words, then in cases:
+        asyncio.run(_ws_expect_close(server, first, code, words, then))
+    m = httpx.get(f"{server.url}/metrics").json()
+    assert m["active_sessions"] == 0
+
+
+def test_session_cap_over_ws_and_webrtc(server):
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    async def run():
+        start = json.dumps({"type": "start", "avatar": "astro", "engine": "classic"})
+        held = []
+        for _ in range(3):
+            ws = await connect(f"{server.ws_url}/ws", max_size=None)
+            await ws.send(start)
+            assert json.loads(await ws.recv())["type"] == "started"
+            held.append(ws)
+        extra = await connect(f"{server.ws_url}/ws", max_size=None)
+        await extra.send(start)
+        with pytest.raises(ConnectionClosed) as exc:
+            while True:
+                await extra.recv()
+        assert exc.value.rcvd.code == 1013 and "limit is 3" in exc.value.rcvd.reason
+        async with httpx.AsyncClient(base_url=server.url) as c:
+            sdp = await _client_offer_sdp()
+            r = await c.post("/webrtc/offer", json={"sdp": sdp, "type": "offer", "avatar": "astro", "engine": "classic"})
+            assert r.status_code == 503 and "limit" in r.json()["detail"] and r.headers.get("retry-after")
+            assert (await c.get("/metrics")).json()["rejected_sessions_total"] >= 2
+        for ws in held:
+            await ws.close()
+        for _ in range(100):
+            if httpx.get(f"{server.url}/metrics").json()["active_sessions"] == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert httpx.get(f"{server.url}/metrics").json()["active_sessions"] == 0
+
+    asyncio.run(run())
+
+
+def test_ws_client_that_stops_reading_is_closed_with_a_reason(server):
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    async def run():
+        start = json.dumps({"type": "start", "avatar": "astro", "engine": "classic", "chunk_frames": 4})
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
+        sock.connect(("127.0.0.1", server.port))
+        slow = await connect(f"{server.ws_url}/ws", sock=sock, max_size=None, max_queue=1)
+        await slow.send(start)
+        good = await connect(f"{server.ws_url}/ws", max_size=None)
+        await good.send(start)
+        assert json.loads(await good.recv())["type"] == "started"
+        got = 0
+        closed_at = None
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 40:
+            msg = await asyncio.wait_for(good.recv(), 5)  # the well-behaved client keeps getting chunks
+            got += isinstance(msg, bytes)
+            m = httpx.get(f"{server.url}/metrics").json()
+            if m["ws_slow_client_closes_total"] >= 1 and m["active_sessions"] == 1:
+                closed_at = time.monotonic() - t0
+                break
+        assert closed_at is not None, "the stalled client was never dropped"
+        for _ in range(10):
+            assert isinstance(await asyncio.wait_for(good.recv(), 5), bytes)
+        # the stalled client reads again: it gets what was already in flight, then the reason
+        with pytest.raises(ConnectionClosed) as exc:
+            while True:
+                await asyncio.wait_for(slow.recv(), 10)
+        assert exc.value.rcvd.code == 1008 and "too slow" in exc.value.rcvd.reason
+        await good.close()
+        return closed_at, got
+
+    closed_at, got = asyncio.run(run())
+    assert got > 10
+
+
+# ----------------------------------------------------------------------------- WebRTC
+
+
+async def _client_offer_sdp() -> str:
+    from aiortc import RTCPeerConnection
+
+    pc = RTCPeerConnection()
+    pc.addTransceiver("video", direction="recvonly")
+    pc.addTransceiver("audio", direction="recvonly")
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = pc.localDescription.sdp
+    await pc.close()
+    return sdp
+
+
+def _onsets(times: np.ndarray, active: np.ndarray, min_gap: float) -> list[float]:
+    out, last_on = [], -1e9
+    for t, a in zip(times, active):
+        if a and t - last_on > min_gap:
+            out.append(float(t))
+        if a:
+            last_on = t
+    return out
+
+
+def test_webrtc_two_peers_av_offset_within_40ms_across_an_hour_jump(data_dir):
+    """A real aiortc client against the server's aiortc tracks. The server speaks tone bursts
+    that start on frame boundaries; the client finds each burst's onset in the received audio
+    (by its RTP-derived pts) and the mouth opening in the received video (by its pts): they
+    agree within 40 ms. Then the media clock jumps an hour ahead (a session that has run for
+    an hour: frame counters near 90,000, RTP timestamps near wrap-around territory) and the
+    same holds."""
+    from aiortc import RTCPeerConnection, RTCSessionDescription
+
+    ts = ScaledTime(rate=1.0)
+    cfg = ServerConfig(engine="classic", device="cpu", avatars=data_dir / "avatars", clips=data_dir / "clips_rtc", max_sessions=2, time_source=ts)
+    burst_wav = wav_bytes(bursts(6, 0.2, 0.4, 0.2), 48000)
+
+    async def run(srv):
+        pc = RTCPeerConnection()
+        pc.addTransceiver("video", direction="recvonly")
+        pc.addTransceiver("audio", direction="recvonly")
+        tracks = []
+        pc.on("track", tracks.append)
+        await pc.setLocalDescription(await pc.createOffer())
+        got = {"video": [], "audio": []}
+        async with httpx.AsyncClient(base_url=srv.url, timeout=30) as c:
+            box = (await c.get("/avatars/astro")).json()["mouth_box"]
+            r = await c.post("/webrtc/offer", json={"sdp": pc.localDescription.sdp, "type": "offer", "avatar": "astro", "engine": "classic"})
+            assert r.status_code == 200, r.text
+            ans = r.json()
+            assert ans["session_id"] and "m=video" in ans["sdp"] and "m=audio" in ans["sdp"]
+            await pc.setRemoteDescription(RTCSessionDescription(ans["sdp"], "answer"))
+            t_wait = time.monotonic()
+            while len(tracks) < 2:
+                assert time.monotonic() - t_wait < 10
+                await asyncio.sleep(0.05)
+
+            async def reader(track):
+                while True:
+                    f = await track.recv()
+                    if track.kind == "video":
+                        y = f.to_ndarray(format="gray")
+                        got["video"].append((time.monotonic(), float(f.pts * f.time_base), mouth_luma(y, box)))
+                    else:
+                        a = f.to_ndarray().astype(np.float32).reshape(-1, len(f.layout.channels))[:, 0] / 32768.0 if f.format.is_packed else f.to_ndarray()[0].astype(np.float32) / 32768.0
+                        got["audio"].append((time.monotonic(), float(f.pts * f.time_base), a, f.sample_rate))
+
+            readers = [asyncio.ensure_future(reader(t)) for t in tracks]
+            sid = ans["session_id"]
+            await asyncio.sleep(1.5)
+            r = await c.post(f"/sessions/{sid}/speak", files={"audio": ("b.wav", burst_wav, "audio/wav")})
+            assert r.status_code == 200, r.text
+            await asyncio.sleep(3.2)
+            n_before_jump = (len(got["video"]), len(got["audio"]))
+            ts.jump(3600.0)  # an hour passes on the media clock
+            await asyncio.sleep(0.8)
+            r = await c.post(f"/sessions/{sid}/speak", files={"audio": ("b.wav", burst_wav, "audio/wav")})
+            assert r.status_code == 200, r.text
+            await asyncio.sleep(3.2)
+            info = (await c.get(f"/sessions/{sid}")).json()
+            for t in readers:
+                t.cancel()
+            await pc.close()
+            for _ in range(100):
+                if (await c.get("/metrics")).json()["active_sessions"] == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert (await c.get("/metrics")).json()["active_sessions"] == 0  # closing the peer freed the session
+        return got, n_before_jump, info
+
+    with ServerThread(create_app(cfg)) as srv:
+        got, n_before_jump, info = asyncio.run(run(srv))
+
+    assert info["video_frame"] > 90_000  # the session's frame counter is an hour in
+    video, audio = got["video"], got["audio"]
+    assert len(video) > 150 and len(audio) > 300
+    # pts are exact counters: 40 ms per video frame, 20 ms per audio frame, one jump each
+    vp = np.array([v[1] for v in video])
+    ap = np.array([a[1] for a in audio])
+    dv, da = np.diff(vp), np.diff(ap)
+    assert (np.abs(dv - 0.04) < 1e-6).mean() > 0.97 and (dv > 3000).sum() == 1
+    assert (np.abs(da - 0.02) < 1e-6).mean() > 0.97 and (da > 3000).sum() == 1
+    # content: burst onsets in audio pts vs mouth onsets in video pts
+    ref = video[20][2]
+    mouth = np.array([np.abs(v[2] - ref).mean() for v in video])
+    # a burst opens the mouth at once (a jump of the mouth region), then it closes slowly
+    rise = np.concatenate([[0.0], np.diff(mouth)]) > 8.0
+    v_on = _onsets(vp, rise, 0.2)
+    a_times, a_act = [], []
+    for _, pts, pcm, sr in audio:
+        loud = np.flatnonzero(np.abs(pcm) > 0.05)
+        a_times.append(pts + (loud[0] / sr if loud.size else 0.0))
+        a_act.append(loud.size > 0)
+    a_on = _onsets(np.array(a_times), np.array(a_act), 0.1)
+    assert len(a_on) == 12, a_on  # 6 bursts before the jump, 6 after
+    assert len(v_on) == 12, v_on
+    offsets = np.array(v_on) - np.array(a_on)
+    print(f"A/V offset per burst (ms): {np.round(offsets * 1000, 1).tolist()}")
+    assert np.abs(offsets).max() <= 0.040, offsets
+    # pacing: arrival minus pts stays put for both tracks (no drift between them)
+    def lag(xs, lo, hi):
+        return np.median([x[0] - x[1] for x in xs[lo:hi]])
+
+    v_lag = lag(video, 10, n_before_jump[0]) - lag(video, n_before_jump[0] + 30, len(video))
+    a_lag = lag(audio, 20, n_before_jump[1]) - lag(audio, n_before_jump[1] + 60, len(audio))
+    assert abs(v_lag - a_lag) <= 0.040, (v_lag, a_lag)
