@@ -55,6 +55,7 @@ from .weights import (
 TINY_UNET_CONFIG: dict[str, Any] = {**UNET_CONFIG, "block_out_channels": [32, 64, 64, 64], "layers_per_block": 1}
 TINY_VAE_CONFIG: dict[str, Any] = {**VAE_CONFIG, "block_out_channels": [32, 32, 64, 64], "layers_per_block": 1}
 
+LAYER_CACHE_SIZE = 4  # avatars kept on the device at once (each: latents + float masks, ~1 MB/frame at 1080p)
 PROMPT_ROWS = 10  # 20 ms encoder rows per frame window (+-2 frames at 25 fps)
 BISENET_FILE = Path("face-parse-bisent") / "79999_iter.pth"
 
@@ -213,6 +214,10 @@ class MuseTalkEngine(Engine):
 
     name = "musetalk"
     sample_rate = SAMPLE_RATE
+    #: For finite inputs the runner may push audio in blocks this long: Whisper sees whole 30 s
+    #: pieces, so the prompts equal the reference's whole-file ones (0.5 s blocks give streamed
+    #: approximations, see audio_features.STREAMING_ERROR_BOUND) and it runs once per piece.
+    file_block_s = 30.0
 
     def __init__(
         self,
@@ -272,7 +277,7 @@ class MuseTalkEngine(Engine):
         self._decoder = torch.compile(self.models.vae.decode) if compile else self.models.vae.decode
         self._parser = None
         self._idle: torch.Tensor | None = None
-        self._layers: dict[str, AvatarLayer] = {}
+        self._layers: OrderedDict[str, AvatarLayer] = OrderedDict()  # a few avatars stay resident (server)
         self._lock = threading.RLock()
 
     # -- prebake ----------------------------------------------------------------------------
@@ -331,13 +336,16 @@ class MuseTalkEngine(Engine):
                     print(f"musetalk: re-prebaking avatar {packet.id!r}: {why}", file=sys.stderr)
                 packet = self.prebake(packet, progress=True, force=True)
             key = str(Path(packet.path).resolve())
-            sha = packet.specs["musetalk/latents"].sha256
+            sha = "/".join(packet.specs[a].sha256 for a in ("musetalk/latents", "musetalk/mask", "musetalk/boxes"))
             cached = self._layers.get(key)
             if cached is not None and cached.data.get("latents_sha") == sha:
+                self._layers.move_to_end(key)
                 return cached
             layer = self._make_layer(packet)
             layer.data["latents_sha"] = sha
-            self._layers = {key: layer}
+            self._layers[key] = layer
+            while len(self._layers) > LAYER_CACHE_SIZE:
+                self._layers.popitem(last=False)
             return layer
 
     def _make_layer(self, packet: Packet) -> AvatarLayer:
