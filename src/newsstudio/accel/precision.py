@@ -151,14 +151,25 @@ def prepare_(module: nn.Module, dtype: torch.dtype | str | None = None, *, chann
     return module.eval().requires_grad_(False)
 
 
+def _tf32_state() -> tuple[bool, bool, str]:
+    try:
+        return (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+                torch.get_float32_matmul_precision())
+    except RuntimeError:  # flags set through a mix of torch's legacy and new (2.9+) APIs
+        return (False, True, "highest")  # torch's defaults
+
+
 @contextlib.contextmanager
 def tf32(enabled: bool = True) -> Iterator[None]:
     """TF32 matmuls and convolutions on (or off) inside the block; the previous state comes back
-    after. Off is the float32 reference: cuDNN's default is *on* for convolutions."""
+    after. Off is the float32 reference: cuDNN's default is *on* for convolutions.
+
+    Uses only the legacy switches (`allow_tf32`, `set_float32_matmul_precision`): torch 2.9+
+    refuses to *read* them once the new `fp32_precision` API has set conflicting values, and
+    Inductor and other libraries still read them."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        prev = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-                torch.get_float32_matmul_precision())
+        prev = _tf32_state()
         torch.backends.cuda.matmul.allow_tf32 = enabled
         torch.backends.cudnn.allow_tf32 = enabled
         torch.set_float32_matmul_precision("high" if enabled else "highest")

@@ -191,8 +191,9 @@ class StaticBatchRunner:
         self._shapes = [tuple(e.shape[1:]) for e in examples]
         self._dtypes = [e.dtype for e in examples]
         self.static_inputs = [_alloc_batch(e, self.batch_size, self.device) for e in examples]
-        for buf, e in zip(self.static_inputs, examples):
-            _fill_padded_(buf, e[: self.batch_size].to(self.device))
+        with torch.no_grad():
+            for buf, e in zip(self.static_inputs, examples):
+                _fill_padded_(buf, e[: self.batch_size].to(self.device))
         if prepare:
             self.prepare()
 
@@ -283,16 +284,15 @@ class StaticBatchRunner:
             out.append(x if direct else _fill_padded_(buf, x))
         return out
 
+    @torch.no_grad()
     def _run(self, inputs: Sequence[torch.Tensor], n: int) -> Any:
         if not self._prepared:
             self.prepare()
         staged = self._stage(inputs)
         if self.mode == "eager":
-            with torch.no_grad():
-                out = self.fn(*staged)
+            out = self.fn(*staged)
         elif self.mode == "compile":
-            with torch.no_grad():
-                out = self.compiled_fn(*staged)  # type: ignore[misc]
+            out = self.compiled_fn(*staged)  # type: ignore[misc]
         elif self._graph is not None:
             self._graph.replay()
             out = self._static_out
