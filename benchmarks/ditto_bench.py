@@ -1,0 +1,252 @@
+"""Ditto: our streaming pipeline vs the reference-style pipeline of the PyTorch release, one process.
+
+    python -m benchmarks.ditto_bench [--size 1080x1920] [--seconds 6.6] [--steps 4] [--compile] [--json out.json]
+    python -m benchmarks.ditto_bench --quick        # CPU smoke test (tiny sizes, developer options)
+    python -m benchmarks.run --engines ditto [--quick]
+
+Both paths use the same seeded random weights (speed does not depend on weight values) and the same
+avatar (the yongen loop prebaked at --size):
+
+* ours: ``benchmarks.run.engine_figures`` on ``DittoEngine`` (dense fps to NV12 on the CPU, time
+  to first frame with the audio available, segment -> MP4 with audio);
+* reference: benchmarks/ditto_reference.py (whole-file HuBERT, per-stage threads with numpy
+  hand-offs, two-pass CFG, per-frame fp16 autocast warp + decode, CPU paste-back), warm;
+* LMDM: one 80-frame window with ``--steps`` DDIM steps, ours (batched CFG) vs two passes, as
+  effective motion fps (80 frames / window time; ``valid_fps`` counts the 80 - overlap frames a
+  window adds in a stream);
+* avatar cold start: our packet opened until every array is addressable vs loading the pickled
+  ``source_info`` a user of the release would cache; the Ditto prebake (registration) time;
+* FLOPs per frame of warp + decoder (torch FlopCounterMode) and the share of the GPU's peak.
+
+``--quick`` (CPU): 0.2 s of audio and the developer options ``input_size=128`` (256 crops) and a
+2-layer HuBERT, so the whole section runs in a few minutes on two cores. Figures from it only
+show that the code runs.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .common import avatar, machine, media, median, sync, timed, write_json
+
+H200_PEAK_TFLOPS = 776.0  # measured dense bf16/fp16 peak of our H200 (BRIEF section 4)
+QUICK_OPTIONS = {"input_size": 128, "hubert_layers": 2}
+QUICK_SECONDS = 0.2
+
+
+@torch.no_grad()
+def flops_per_frame(engine) -> dict[str, float]:
+    """FLOPs of one frame's warp + decode (batch 1), counted on the engine's modules."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    m, dev = engine.models, engine.device
+    s = engine.config.input_size // 4
+    f_s = torch.zeros(1, 32, 16, s, s, device=dev, dtype=m.dtype)
+    kp = torch.zeros(1, 21, 3, device=dev, dtype=m.dtype)
+    with FlopCounterMode(display=False) as fc:
+        feat = m.warp(f_s, kp, kp)
+    warp = fc.get_total_flops()
+    with FlopCounterMode(display=False) as fc:
+        m.decoder(feat)
+    dec = fc.get_total_flops()
+    return {"warp_gflop": warp / 1e9, "decoder_gflop": dec / 1e9, "total_gflop": (warp + dec) / 1e9}
+
+
+@torch.no_grad()
+def lmdm_figures(lmdm, device: torch.device, steps: int, overlap: int, repeat: int) -> dict[str, Any]:
+    """One 80-frame window, ``steps`` DDIM steps: batched CFG (ours) vs two decoder passes."""
+    from newsstudio.engines.ditto.lmdm import DDIMSampler
+
+    from .ditto_reference import TwoPassCFG
+
+    g = torch.Generator().manual_seed(0)
+    cond = torch.randn(1, lmdm.seq_frames, lmdm.model.cond_projection.in_features, generator=g).to(device)
+    kp = torch.randn(1, lmdm.motion_feat_dim, generator=g).to(device)
+    res: dict[str, Any] = {"steps": steps, "window_frames": lmdm.seq_frames, "overlap": overlap}
+    for name, model in (("ours", lmdm), ("two_pass", TwoPassCFG(lmdm))):
+        sampler = DDIMSampler(model, steps=steps, eta=1.0, generator=torch.Generator(device=device).manual_seed(0))
+        ts = timed(lambda: sampler.sample(kp, cond), device, repeat=repeat, warmup=2)
+        t = median(ts)
+        res[f"{name}_ms"] = t * 1e3
+        res[f"{name}_fps"] = lmdm.seq_frames / t
+        res[f"{name}_valid_fps"] = (lmdm.seq_frames - overlap) / t
+    res["speedup"] = res["two_pass_ms"] / res["ours_ms"]
+    return res
+
+
+def reference_figures(engine, packet, seconds: float, repeat: int, workdir: Path, steps: int, salt: int) -> dict[str, Any]:
+    import soxr
+
+    from .ditto_reference import build_source, load_source, reference_image_nets, run_reference, save_source
+    from .run import segment_audio
+
+    t = time.perf_counter()
+    path = save_source(build_source(packet), workdir / "reference" / f"{packet.id}_source_info.pkl")
+    build_s = time.perf_counter() - t
+    source = load_source(path)
+    warp, dec = reference_image_nets(salt, engine.device)
+    a = segment_audio(seconds)
+    mono = a.samples.mean(axis=0)
+    audio = soxr.resample(mono, a.sample_rate, 16000).astype(np.float32) if a.sample_rate != 16000 else mono
+    kw = dict(warp=warp, decoder=dec, steps=steps)
+    run_reference(engine.models, engine.config, source, audio[: 16000 // 5], **kw)  # warm-up
+    runs = [run_reference(engine.models, engine.config, source, audio, **kw) for _ in range(repeat)]
+    best = runs[len(runs) // 2]
+    return {**best.to_json(), "dense_fps": median([r.fps for r in runs]), "dense_fps_all": [r.fps for r in runs],
+            "ttff_ms": median([r.first_frame_s for r in runs]) * 1e3, "source_pickle": str(path),
+            "source_pickle_mb": path.stat().st_size / 1e6, "layout_build_s": build_s}
+
+
+def cold_start_figures(packet, source_pickle: Path, repeat: int, official_repeat: int) -> dict[str, Any]:
+    from .cold_start import open_ours, timeit
+    from .ditto_reference import load_source
+
+    load_source(source_pickle)  # page cache warm for both
+    open_ours(packet.path)
+    ours = timeit(lambda: open_ours(packet.path), repeat)
+    theirs = timeit(lambda: load_source(source_pickle), official_repeat)
+    res = {"ours_ms": median(ours) * 1e3, "official_ms": median(theirs) * 1e3}
+    res["ratio"] = res["official_ms"] / res["ours_ms"]
+    return res
+
+
+def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, workdir: Path, quick: bool = False, *,
+                steps: int = 4, compile: bool = False, salt: int = 0, official_repeat: int = 3,
+                peak_tflops: float | None = None, skip_reference: bool = False) -> dict[str, Any]:
+    """All Ditto figures for one avatar packet on one device: {"ours", "reference", "lmdm", "cold_start", ...}."""
+    from newsstudio.engines.ditto.engine import DittoEngine
+
+    from .run import engine_figures
+
+    device = torch.device(device)
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    opts = dict(QUICK_OPTIONS) if quick else {}
+    seconds = min(seconds or QUICK_SECONDS, QUICK_SECONDS) if quick else (seconds or 6.6)
+    out: dict[str, Any] = {"device": str(device), "weights": f"random (salt {salt})", "steps": steps, "compile": compile,
+                           "developer_options": opts, "seconds": seconds,
+                           "avatar": {"id": packet.id, "frames": packet.n_frames, "size": list(packet.size)}}
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    t = time.perf_counter()
+    engine = DittoEngine(device, weights="random", salt=salt, steps=steps, compile=compile, **opts)
+    sync(device)
+    out["engine_load_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    packet = engine.prebake(packet, progress=False)
+    sync(device)
+    out["ditto_prebake_s"] = time.perf_counter() - t
+    out["prebake_meta"] = packet.engine_meta("ditto")
+    t = time.perf_counter()
+    engine.load_avatar(packet)
+    sync(device)
+    out["layer_upload_s"] = time.perf_counter() - t
+
+    print(f"[ditto] ours: warm-up and {repeat} dense runs ...", file=sys.stderr, flush=True)
+    out["ours"] = engine_figures(engine, packet, seconds, chunk, repeat, workdir)
+    print("[ditto] LMDM window timing ...", file=sys.stderr, flush=True)
+    out["lmdm"] = lmdm_figures(engine.models.lmdm, device, steps, engine.config.overlap_v2, repeat=max(3, repeat * 3))
+    if not skip_reference:
+        print(f"[ditto] reference: warm-up and {repeat} runs ...", file=sys.stderr, flush=True)
+        out["reference"] = reference_figures(engine, packet, seconds, repeat, workdir, steps, salt)
+        out["cold_start"] = cold_start_figures(packet, Path(out["reference"]["source_pickle"]), max(5, 5 * repeat), official_repeat)
+        out["ratios"] = {
+            "dense_fps": out["ours"]["dense_fps"] / out["reference"]["dense_fps"],
+            "ttff": out["reference"]["ttff_ms"] / out["ours"]["ttff_ms"],
+            "cold_start": out["cold_start"]["ratio"],
+            "lmdm": out["lmdm"]["speedup"],
+        }
+    fl = flops_per_frame(engine)
+    out["flops_per_frame"] = fl
+    peak = peak_tflops if peak_tflops else (H200_PEAK_TFLOPS if device.type == "cuda" else None)
+    if peak:
+        out["peak_tflops"] = peak
+        for path in ("ours", "reference"):
+            if path in out:
+                out[path]["pct_of_peak"] = 100 * out[path]["dense_fps"] * fl["total_gflop"] / (peak * 1e3)
+    if device.type == "cuda":
+        out["gpu_peak_mem_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+    return out
+
+
+def print_table(sec: dict[str, Any]) -> None:
+    o, r, lm = sec["ours"], sec.get("reference"), sec["lmdm"]
+    cs = sec.get("cold_start")
+    w, h = sec["avatar"]["size"]
+
+    def row(name: str, a: str, b: str = "-", ratio: str = "-") -> None:
+        print(f"| {name} | {a} | {b} | {ratio} |")
+
+    dev_opts = f", developer options {sec['developer_options']}" if sec["developer_options"] else ""
+    print(f"\nDitto on {sec['device']} ({sec['weights']}, {sec['steps']} DDIM steps{', torch.compile' if sec['compile'] else ''}"
+          f"{dev_opts}), avatar {sec['avatar']['frames']} frames {w}x{h}, {o['frames']} output frames")
+    print("| figure | ours | reference-style | ratio |")
+    print("|---|---|---|---|")
+    row(f"dense fps, NV12 {w}x{h}", f"{o['dense_fps']:.1f}", f"{r['dense_fps']:.1f}" if r else "-",
+        f"{sec['ratios']['dense_fps']:.2f}x" if r else "-")
+    row("time to first frame, ms", f"{o['ttff_ms']:.1f}", f"{r['ttff_ms']:.1f}" if r else "-",
+        f"{sec['ratios']['ttff']:.1f}x" if r else "-")
+    row(f"LMDM {lm['steps']}-step 80-frame window, motion fps", f"{lm['ours_fps']:.0f} ({lm['ours_ms']:.1f} ms)",
+        f"{lm['two_pass_fps']:.0f} ({lm['two_pass_ms']:.1f} ms)", f"{lm['speedup']:.2f}x")
+    if cs:
+        row("avatar cold start, ms", f"{cs['ours_ms']:.3f}", f"{cs['official_ms']:.1f}", f"{cs['ratio']:.0f}x")
+    row("segment -> MP4 with audio, s", f"{o['segment_mp4_s']:.2f}")
+    fl = sec["flops_per_frame"]
+    row("warp + decoder GFLOP/frame", f"{fl['total_gflop']:.0f} (warp {fl['warp_gflop']:.0f}, decoder {fl['decoder_gflop']:.0f})")
+    if "pct_of_peak" in o:
+        row(f"% of {sec['peak_tflops']:.0f} TFLOP/s peak", f"{o['pct_of_peak']:.1f}", f"{r['pct_of_peak']:.1f}" if r else "-")
+    print(f"engine load {sec['engine_load_s']:.1f} s, Ditto prebake {sec['ditto_prebake_s']:.2f} s, layer upload "
+          f"{sec['layer_upload_s']:.2f} s" + (f", GPU peak memory {sec['gpu_peak_mem_gb']:.1f} GB" if "gpu_peak_mem_gb" in sec else ""))
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="1080x1920", help="avatar output size WxH (default 1080x1920)")
+    ap.add_argument("--device", default=None, help="cuda, cuda:1, cpu (default: cuda if available)")
+    ap.add_argument("--seconds", type=float, default=6.6, help="audio length used")
+    ap.add_argument("--chunk", type=int, default=32, help="frames per chunk for the dense runs")
+    ap.add_argument("--steps", type=int, default=4, help="DDIM steps (both paths)")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--official-repeat", type=int, default=3)
+    ap.add_argument("--max-frames", type=int, default=750, help="avatar frames used")
+    ap.add_argument("--compile", action="store_true", help="torch.compile warp + decoder (our path)")
+    ap.add_argument("--salt", type=int, default=0)
+    ap.add_argument("--peak-tflops", type=float, default=None)
+    ap.add_argument("--skip-reference", action="store_true")
+    ap.add_argument("--workdir", default=None)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--quick", action="store_true", help="CPU smoke test (see the module doc)")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.size, args.repeat, args.max_frames, args.official_repeat, args.chunk = "256x448", 1, 4, 1, 4
+        args.device = args.device or "cpu"
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    size = tuple(int(v) for v in args.size.split("x")) if args.size else None
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="ditto-bench-"))
+    out: dict[str, Any] = {"machine": machine(), "args": vars(args),
+                           "command": " ".join(["python -m benchmarks.ditto_bench", *(argv if argv is not None else sys.argv[1:])])}
+    print(f"[ditto] workdir {work}; prebaking the yongen avatar at {args.size} ...", file=sys.stderr, flush=True)
+    t = time.perf_counter()
+    packet = avatar(media("yongen.mp4"), "yongen", size, work / "avatars", max_frames=args.max_frames)
+    out["avatar_prebake_s"] = time.perf_counter() - t
+    sec = run_section(packet, device, args.seconds, args.chunk, args.repeat, work, args.quick, steps=args.steps,
+                      compile=args.compile, salt=args.salt, official_repeat=args.official_repeat,
+                      peak_tflops=args.peak_tflops, skip_reference=args.skip_reference)
+    out["ditto"] = sec
+    print_table(sec)
+    write_json(args.json, out)
+    if args.json:
+        print(f"wrote {args.json}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
