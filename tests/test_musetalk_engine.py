@@ -91,6 +91,7 @@ def video_packet(tmp_path_factory):
 
 # ------------------------------------------------------------------------------ end to end
 
+@pytest.mark.slow
 def test_cli_render_random_weights(full, full_packet, tmp_path):
     """`newsstudio render --engine musetalk --weights random`: right frame count, banner, the face
     box changes and the rest of the frame is the avatar."""
@@ -130,6 +131,7 @@ def test_cli_render_random_weights(full, full_packet, tmp_path):
     assert np.abs(got[outside] - bg[outside]).mean() < 3
 
 
+@pytest.mark.slow
 def test_real_architecture_render_matches_official_composition(full, full_packet):
     """One frame through the real UNet + VAE: render == unet_step -> decode_latents -> cv2 resize
     into the box (within 1 level)."""
@@ -414,6 +416,7 @@ def test_reference_pipeline_equals_ours(tiny, video_packet, tmp_path):
     assert (d > 1).float().mean() < 1e-3
 
 
+@pytest.mark.slow
 def test_benchmark_section_runs_on_cpu(video_packet, tmp_path, capsys):
     """benchmarks/musetalk_bench.py end to end on tiny inputs (the GPU run uses the same code)."""
     if str(ROOT) not in sys.path:
