@@ -148,7 +148,9 @@ def stream_generator(
     layer = eng.load_avatar(packet)
     background = background_for(eng, packet)
     fr = as_fraction(fps)
-    source = AudioSource(audio, eng.sample_rate, sample_rate=sample_rate)
+    # File-like input is read in blocks the engine chooses (MuseTalk: whole 30 s Whisper pieces,
+    # so file renders equal the official whole-file features); live input is taken as it comes.
+    source = AudioSource(audio, eng.sample_rate, sample_rate=sample_rate, block_s=getattr(eng, "file_block_s", 0.5))
     session = StreamSession(eng, layer, background, fr)
     return _run(session, source, fr, chunk_frames, output, keep_on_device, prefetch)
 

@@ -125,6 +125,8 @@ def prebake(
     for name in engines:
         from ..engines.registry import create_engine
 
-        eng = create_engine(name, device="cpu", **(engine_kwargs or {}))
+        from ..stream import default_device
+
+        eng = create_engine(name, device=default_device(), **(engine_kwargs or {}))
         packet = eng.prebake(packet, progress=progress)
     return packet
