@@ -122,6 +122,28 @@ def test_page_connects_speaks_and_interrupts(site):
                 events = await page.evaluate("window.newsstudio.events.map(e => e.text)")
                 state_after = await page.text_content("#state-text")
 
+                # a recording from the (fake) microphone, through MediaRecorder and an upload
+                await page.click(".tab[data-tab='mic']")
+                t_rec = await page.evaluate("performance.now()")
+                await page.click("#record")
+                await asyncio.sleep(2.0)
+                await page.click("#record")
+                await page.wait_for_function("window.newsstudio.events.some(e => e.text.startsWith('Speaking recording.'))", timeout=15000)
+                await page.wait_for_function("window.newsstudio.history.some(h => h.t > %f && h.rms > 0.01)" % t_rec, timeout=10000)
+                await page.click("#interrupt")
+                # a typed line, when the server has a TTS
+                tts = await page.evaluate("window.newsstudio.tts")
+                if tts:
+                    await page.click(".tab[data-tab='text']")
+                    await page.fill("#line", "Good evening. Here are tonight's headlines.")
+                    t_say = await page.evaluate("performance.now()")
+                    await page.click("#say")
+                    await page.wait_for_function("window.newsstudio.events.some(e => e.text.startsWith('Saying'))", timeout=15000)
+                    await page.wait_for_function("window.newsstudio.history.some(h => h.t > %f && h.motion > 1.5)" % t_say, timeout=10000)
+                    await page.click("#interrupt")
+                else:
+                    assert await page.is_disabled("#say")
+
                 # disconnect frees the session on the server
                 await page.click("#connect")
                 for _ in range(100):

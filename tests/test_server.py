@@ -493,6 +493,70 @@ def test_ws_client_that_stops_reading_is_closed_with_a_reason(server):
     assert got > 10
 
 
+def test_speak_say_and_streamed_pcm_into_a_live_session(server):
+    """REST speech (upload, typed line via espeak-ng when installed) and streamed PCM over
+    /sessions/{id}/audio reach a session that a WebSocket client is watching."""
+    import shutil
+
+    from websockets.asyncio.client import connect
+
+    async def run():
+        async with connect(f"{server.ws_url}/ws", max_size=None) as ws, httpx.AsyncClient(base_url=server.url, timeout=30) as c:
+            await ws.send(json.dumps({"type": "start", "avatar": "astro", "engine": "classic", "chunk_frames": 1}))
+            sid = json.loads(await ws.recv())["session"]
+            states: list[str] = []
+
+            async def drain():
+                while True:
+                    msg = await ws.recv()
+                    if isinstance(msg, bytes):
+                        states.append(_unpack(msg)[0]["state"])
+
+            reader = asyncio.ensure_future(drain())
+            await asyncio.sleep(0.3)
+            # an uploaded file
+            r = await c.post(f"/sessions/{sid}/speak", files={"audio": ("s.wav", wav_bytes(speechlike(1.0, 22050), 22050), "audio/wav")})
+            assert r.status_code == 200, r.text
+            assert r.json()["state"] == "speaking" and r.json()["duration_s"] == pytest.approx(1.0, abs=0.01)
+            await asyncio.sleep(0.4)
+            assert "speaking" in states
+            r = await c.post(f"/sessions/{sid}/interrupt")
+            assert r.status_code == 200 and r.json()["interrupted"] and r.json()["cut_latency_ms"] <= 100
+            assert (await c.get(f"/sessions/{sid}")).json()["state"] == "idle"
+            # bad speech into a live session: clear 4xx, the session keeps going
+            r = await c.post(f"/sessions/{sid}/speak", files={"audio": ("z.wav", wav_bytes(np.zeros(8000, np.float32), 16000), "audio/wav")})
+            assert r.status_code == 422 and "no speech" in r.json()["detail"]
+            assert (await c.post(f"/sessions/{sid}/say", json={"text": ""})).status_code == 422
+            # a typed line
+            r = await c.post(f"/sessions/{sid}/say", json={"text": "Good evening, here is the news."})
+            if shutil.which("espeak-ng") or shutil.which("espeak"):
+                assert r.status_code == 200, r.text
+                assert r.json()["speech_s"] > 0.5 and r.json()["state"] == "speaking"
+            else:
+                assert r.status_code == 503 and "espeak" in r.json()["detail"]
+            await c.post(f"/sessions/{sid}/interrupt")
+            # streamed PCM over the session's audio socket (48 kHz s16le), as the page's mic would
+            n0 = (await c.get(f"/sessions/{sid}")).json()["utterances"]
+            async with connect(f"{server.ws_url}/sessions/{sid}/audio?sample_rate=48000&format=s16le") as audio_ws:
+                pcm = np.clip(np.rint(speechlike(1.0, 48000) * 32767), -32768, 32767).astype("<i2")
+                for i in range(0, pcm.size, 960):
+                    await audio_ws.send(pcm[i : i + 960].tobytes())
+                    await asyncio.sleep(0.005)
+                info = (await c.get(f"/sessions/{sid}")).json()
+                assert info["utterances"] == n0 + 1 and info["state"] in ("speaking", "buffering")
+                await audio_ws.send(json.dumps({"type": "speech_end"}))
+            reader.cancel()
+        # an unknown session on the audio socket is refused with a reason
+        from websockets.exceptions import ConnectionClosed
+
+        async with connect(f"{server.ws_url}/sessions/nope/audio") as bad:
+            with pytest.raises(ConnectionClosed) as exc:
+                await bad.recv()
+            assert exc.value.rcvd.code == 4404
+
+    asyncio.run(run())
+
+
 # ----------------------------------------------------------------------------- WebRTC
 
 
@@ -620,3 +684,37 @@ def test_webrtc_two_peers_av_offset_within_40ms_across_an_hour_jump(data_dir):
     v_lag = lag(video, 10, n_before_jump[0]) - lag(video, n_before_jump[0] + 30, len(video))
     a_lag = lag(audio, 20, n_before_jump[1]) - lag(audio, n_before_jump[1] + 60, len(audio))
     assert abs(v_lag - a_lag) <= 0.040, (v_lag, a_lag)
+
+
+def test_webrtc_h264_when_the_client_prefers_it(server):
+    """The codec is whatever the offer negotiates: a client that only takes H.264 gets H.264."""
+    from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
+
+    async def run():
+        pc = RTCPeerConnection()
+        vt = pc.addTransceiver("video", direction="recvonly")
+        vt.setCodecPreferences([c for c in RTCRtpSender.getCapabilities("video").codecs if c.mimeType == "video/H264"])
+        pc.addTransceiver("audio", direction="recvonly")
+        tracks = []
+        pc.on("track", tracks.append)
+        await pc.setLocalDescription(await pc.createOffer())
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
+            r = await c.post("/webrtc/offer", json={"sdp": pc.localDescription.sdp, "type": "offer", "avatar": "astro"})
+            assert r.status_code == 200, r.text
+            ans = r.json()
+            video_section = ans["sdp"].split("m=video")[1].split("m=audio")[0] if ans["sdp"].index("m=video") < ans["sdp"].index("m=audio") else ans["sdp"].split("m=video")[1]
+            assert "H264/90000" in video_section and "VP8" not in video_section
+            await pc.setRemoteDescription(RTCSessionDescription(ans["sdp"], "answer"))
+            for _ in range(200):
+                if len(tracks) == 2:
+                    break
+                await asyncio.sleep(0.05)
+            video = next(t for t in tracks if t.kind == "video")
+            frames = [await asyncio.wait_for(video.recv(), 10) for _ in range(10)]
+            await pc.close()
+        return frames
+
+    frames = asyncio.run(run())
+    assert all((f.width, f.height) == (256, 256) for f in frames)
+    pts = [f.pts for f in frames]
+    assert all(b - a == 3600 for a, b in zip(pts, pts[1:]))

@@ -1,0 +1,206 @@
+"""Load test: N concurrent WebSocket live sessions on loopback for a fixed time.
+
+Each client opens a session over /ws, streams speech into it in real time (20 ms PCM
+messages, looping the clip, so every session is speaking and rendering lip-sync all the
+time) and reads the chunks. A session counts as *sustained* when it received at least 97%
+of the frames the media clock owes it and its chunks arrived on time (95th percentile of
+lateness under one chunk). The table also shows errors, the server's frames/s, and the
+server's memory before, at peak, and after every session closed (RSS, and CUDA memory when
+the server has a GPU).
+
+    python -m benchmarks.load_test --sessions 1,2,4,8 --duration 15 --size 256
+    python -m benchmarks.load_test --url http://host:8000 --avatar anchor --sessions 16
+
+Without --url it starts its own server in this process (uvicorn on a free loopback port)
+with a prebaked astronaut avatar of --size.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import statistics
+import struct
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def start_server(args) -> tuple[str, object]:
+    import uvicorn
+    from PIL import Image
+    from skimage import data
+
+    from newsstudio.avatar.prebake import prebake
+    from newsstudio.server.app import ServerConfig, create_app
+
+    d = Path(tempfile.mkdtemp(prefix="ns-load-"))
+    Image.fromarray(data.astronaut()).save(d / "astronaut.png")
+    prebake(d / "astronaut.png", args.avatar, root=d / "avatars", size=(args.size, args.size), progress=False)
+    cfg = ServerConfig(engine=args.engine, device=args.device, avatars=d / "avatars", clips=d / "clips", max_sessions=max(args.sessions) + 2, weights=args.weights)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(cfg), log_level="warning"))
+    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
+    while not server.started:
+        time.sleep(0.05)
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", server
+
+
+def load_speech(path: str | None) -> tuple[np.ndarray, int]:
+    from newsstudio.builtin import builtin_audio
+    from newsstudio.media.audio import load_audio
+
+    a = load_audio(path or builtin_audio("builtin:hello")).mono().resampled(16000)
+    return np.clip(np.rint(a.samples[0] * 32767), -32768, 32767).astype("<i2"), 16000
+
+
+async def client(url: str, args, pcm: np.ndarray, sr: int, stats: dict, stop: asyncio.Event) -> None:
+    from websockets.asyncio.client import connect
+
+    ws_url = url.replace("http", "ws", 1) + "/ws"
+    st = stats
+    try:
+        async with connect(ws_url, max_size=None, open_timeout=30) as ws:
+            await ws.send(json.dumps({"type": "start", "avatar": args.avatar, "engine": args.engine, "format": args.format, "chunk_frames": args.chunk_frames, "sample_rate": sr}))
+            started = json.loads(await ws.recv())
+            if started.get("type") != "started":
+                st["errors"].append(started.get("message", str(started)))
+                return
+            fps = started["fps"]
+
+            async def feed() -> None:
+                step = sr // 50
+                t0 = time.monotonic()
+                i = 0
+                while not stop.is_set():
+                    a = (i * step) % max(1, pcm.size - step)
+                    await ws.send(pcm[a : a + step].tobytes())
+                    i += 1
+                    delay = t0 + i * 0.02 - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+
+            feeder = asyncio.ensure_future(feed())
+            first = None
+            try:
+                while not stop.is_set():
+                    try:
+                        msg = await asyncio.wait_for(ws.recv(), timeout=5)
+                    except asyncio.TimeoutError:
+                        st["errors"].append("no chunk for 5 s")
+                        break
+                    if isinstance(msg, str):
+                        continue
+                    now = time.monotonic()
+                    (n,) = struct.unpack(">I", msg[:4])
+                    h = json.loads(msg[4 : 4 + n])
+                    if first is None:
+                        first = (now, h["frame_start"])
+                    due = first[0] + (h["frame_start"] - first[1]) / fps
+                    st["late"].append(now - due)
+                    st["frames"] += h["num_frames"]
+                    st["speaking"] += h["num_frames"] if h["state"] == "speaking" else 0
+                    st["span"] = (now - first[0]) + h["num_frames"] / fps
+            finally:
+                feeder.cancel()
+                st["expected"] = st.get("span", 0) * fps
+            await ws.send(json.dumps({"type": "close"}))
+    except Exception as e:  # noqa: BLE001 - counted, the run goes on
+        st["errors"].append(f"{type(e).__name__}: {e}")
+
+
+async def run_level(url: str, n: int, args, pcm, sr) -> dict:
+    stop = asyncio.Event()
+    stats = [{"frames": 0, "speaking": 0, "late": [], "errors": []} for _ in range(n)]
+    async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+        before = (await c.get("/metrics")).json()
+        tasks = [asyncio.ensure_future(client(url, args, pcm, sr, s, stop)) for s in stats]
+        peak_rss, peak_gpu, fps_seen = before["rss_bytes"] or 0, 0, []
+        t_end = time.monotonic() + args.duration
+        while time.monotonic() < t_end:
+            await asyncio.sleep(1.0)
+            m = (await c.get("/metrics")).json()
+            peak_rss = max(peak_rss, m["rss_bytes"] or 0)
+            peak_gpu = max([peak_gpu] + [g["allocated_bytes"] for g in (m["gpu"] or [])])
+            fps_seen.append(m["fps"])
+        stop.set()
+        await asyncio.gather(*tasks)
+        for _ in range(100):
+            after = (await c.get("/metrics")).json()
+            if after["active_sessions"] == 0:
+                break
+            await asyncio.sleep(0.1)
+    chunk_s = args.chunk_frames / 25.0
+    sustained = 0
+    lates = []
+    rates = []
+    for s in stats:
+        late = np.array(s["late"][5:] or [0.0])
+        lates.extend(late.tolist())
+        got = s["frames"] / max(1.0, s.get("expected", 1.0))
+        rates.append(s["frames"] / max(1e-9, s.get("span", 1e-9)))
+        if not s["errors"] and got >= 0.97 and np.percentile(late, 95) < chunk_s:
+            sustained += 1
+    lat = np.array(lates or [0.0])
+    gpu = lambda m: sum(g["allocated_bytes"] for g in (m["gpu"] or []))  # noqa: E731
+    return {
+        "sessions": n, "sustained": sustained, "errors": sum(len(s["errors"]) for s in stats),
+        "error_samples": sorted({e for s in stats for e in s["errors"]})[:3],
+        "fps_min": min(rates) if rates else 0.0, "fps_median": statistics.median(rates) if rates else 0.0,
+        "late_p50_ms": float(np.percentile(lat, 50) * 1000), "late_p95_ms": float(np.percentile(lat, 95) * 1000), "late_max_ms": float(lat.max() * 1000),
+        "server_fps": statistics.median(fps_seen[1:] or fps_seen or [0.0]),
+        "speaking_share": sum(s["speaking"] for s in stats) / max(1, sum(s["frames"] for s in stats)),
+        "rss_before_mb": (before["rss_bytes"] or 0) / 1e6, "rss_peak_mb": peak_rss / 1e6, "rss_after_mb": (after["rss_bytes"] or 0) / 1e6,
+        "gpu_before_mb": gpu(before) / 1e6, "gpu_peak_mb": peak_gpu / 1e6, "gpu_after_mb": gpu(after) / 1e6,
+        "active_after": after["active_sessions"],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", help="an already running server (default: start one here)")
+    ap.add_argument("--sessions", default="1,2,4,8", help="comma-separated session counts to run in turn")
+    ap.add_argument("--duration", type=float, default=15.0, help="seconds per level")
+    ap.add_argument("--size", type=int, default=256, help="avatar size (square) when starting a server here")
+    ap.add_argument("--avatar", default="loadtest")
+    ap.add_argument("--engine", default="classic")
+    ap.add_argument("--weights", default="official")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--format", default="nv12", choices=("nv12", "h264"))
+    ap.add_argument("--chunk-frames", type=int, default=2)
+    ap.add_argument("--speech", default=None, help="speech file streamed by every client (default: builtin:hello)")
+    ap.add_argument("--json", help="also write the rows to this file")
+    args = ap.parse_args()
+    args.sessions = [int(x) for x in args.sessions.split(",") if x]
+    pcm, sr = load_speech(args.speech)
+    url = args.url
+    if url is None:
+        url, _server = start_server(args)
+    health = httpx.get(url + "/health", timeout=30).json()
+    print(f"server {url}: device {health['device']}, default engine {health['default_engine']}; {args.format} chunks of {args.chunk_frames} frames, {args.duration:.0f} s per level", file=sys.stderr)
+    rows = []
+    for n in args.sessions:
+        rows.append(asyncio.run(run_level(url, n, args, pcm, sr)))
+        r = rows[-1]
+        print(f"  {n} sessions: {r['sustained']} sustained, {r['errors']} errors {r['error_samples'] or ''}", file=sys.stderr)
+    cols = [("sessions", "d"), ("sustained", "d"), ("errors", "d"), ("fps_min", ".1f"), ("fps_median", ".1f"), ("late_p50_ms", ".1f"),
+            ("late_p95_ms", ".1f"), ("late_max_ms", ".1f"), ("server_fps", ".1f"), ("speaking_share", ".2f"), ("rss_before_mb", ".0f"),
+            ("rss_peak_mb", ".0f"), ("rss_after_mb", ".0f"), ("gpu_before_mb", ".0f"), ("gpu_peak_mb", ".0f"), ("gpu_after_mb", ".0f")]
+    print(" | ".join(name for name, _ in cols))
+    for r in rows:
+        print(" | ".join(f"{r[name]:>{len(name)}{fmt}}" for name, fmt in cols))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
