@@ -6,7 +6,6 @@ import asyncio
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
@@ -36,6 +35,9 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
+    import torch
+
+    threads = torch.get_num_threads()
     pytest.importorskip("playwright.async_api", reason="the playwright python package is not installed")
     from PIL import Image
     from skimage import data
@@ -48,6 +50,7 @@ def site(tmp_path_factory):
     cfg = ServerConfig(engine="classic", device="cpu", avatars=d / "avatars", clips=d / "clips", max_sessions=2)
     with ServerThread(create_app(cfg)) as srv:
         yield srv
+    torch.set_num_threads(threads)
 
 
 def speech_file() -> Path:

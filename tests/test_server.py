@@ -11,7 +11,6 @@ import struct
 import threading
 import time
 import wave
-from fractions import Fraction
 from pathlib import Path
 
 import av
@@ -119,6 +118,14 @@ def no_partial_files(root: Path) -> list[Path]:
 # ----------------------------------------------------------------------------- fixtures
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _restore_torch_threads():
+    # a CPU server renders with one intra-op thread per session (it sets that process-wide)
+    old = torch.get_num_threads()
+    yield
+    torch.set_num_threads(old)
+
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     from PIL import Image
@@ -138,7 +145,6 @@ def server(data_dir):
     with ServerThread(create_app(cfg)) as srv:
         srv.data = data_dir
         yield srv
-    torch.set_num_threads(1)
 
 
 @pytest.fixture
