@@ -50,6 +50,7 @@ CLOSE_POLICY = 1008
 CLOSE_TRY_LATER = 1013
 CLOSE_NOT_FOUND = 4404
 MAX_PCM_MESSAGE = 1 << 20
+LATE_S = 0.25
 
 
 class _Slow(Exception):
@@ -296,7 +297,7 @@ class WsSession:
             while not s.closed:
                 await clock.sleep_until(clock.video_time(k))
                 now = clock.now()
-                if clock.video_time(k) < now - 1.0:  # stalled (or the clock jumped): skip ahead
+                if clock.video_time(k) < now - LATE_S:  # stalled, overloaded, or the clock jumped: skip ahead, stay live
                     k = clock.next_frame(now)
                 frames = await loop.run_in_executor(self.state.render_pool, s.video_frames, k, n)
                 a0, a1 = clock.frame_sample(k), clock.frame_sample(k + n)
