@@ -215,6 +215,45 @@ def test_avatar_upload_list_clip_download_delete(client, server):
     assert not no_partial_files(server.data)
 
 
+def test_video_loop_upload_and_delete_while_in_use(client, server):
+    """A presenter video (not a photo) becomes a looping avatar; an avatar a live session is
+    showing cannot be deleted until that session ends."""
+    from skimage import data
+    from websockets.asyncio.client import connect
+
+    from newsstudio.media.mp4_writer import encode_clip
+
+    img = data.astronaut()
+    frames = np.stack([np.ascontiguousarray(img[8 + 2 * i : 456 + 2 * i, 20 + 3 * i : 468 + 3 * i]) for i in range(6)])
+    mp4 = server.data / "loop.mp4"
+    encode_clip(mp4, [frames], fps=25, pixel_input="rgb", crf=12)
+    r = client.post("/avatars", files={"file": ("loop.mp4", mp4.read_bytes(), "video/mp4")}, data={"id": "loop", "size": "256x256"})
+    assert r.status_code == 202, r.text
+    job = wait_job(client, r.json()["job_id"])
+    assert job["state"] == "done", job
+    info = client.get("/avatars/loop").json()
+    assert info["kind"] == "video" and info["frames"] == 6
+
+    async def run():
+        async with connect(f"{server.ws_url}/ws", max_size=None) as ws:
+            await ws.send(json.dumps({"type": "start", "avatar": "loop", "engine": "classic"}))
+            assert json.loads(await ws.recv())["type"] == "started"
+            async with httpx.AsyncClient(base_url=server.url) as c:
+                r = await c.delete("/avatars/loop")
+                assert r.status_code == 409 and "in use" in r.json()["detail"]
+                r = await c.post("/avatars", files={"file": ("loop.mp4", mp4.read_bytes(), "video/mp4")}, data={"id": "loop"})
+                assert r.status_code == 409 and "already exists" in r.json()["detail"]
+
+    asyncio.run(run())
+    for _ in range(100):
+        if client.get("/metrics").json()["active_sessions"] == 0:
+            break
+        time.sleep(0.05)
+    assert client.delete("/avatars/loop").status_code == 204
+    assert client.get("/avatars/loop").status_code == 404
+    mp4.unlink()
+
+
 def test_bad_input_gets_clear_4xx_and_leaves_nothing_half_written(client, server):
     png = (server.data / "astronaut.png").read_bytes()
     speech = wav_bytes(speechlike(1.0, 16000), 16000)

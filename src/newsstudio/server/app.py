@@ -13,6 +13,7 @@ import io
 import logging
 import math
 import re
+import shutil
 import time
 from contextlib import asynccontextmanager
 from fractions import Fraction
@@ -38,7 +39,7 @@ from .uploads import (
     check_type,
     decode_speech,
     read_limited,
-    remove_tree,
+    move_aside,
     save_upload,
 )
 
@@ -213,7 +214,7 @@ def create_app(cfg: ServerConfig | None = None) -> FastAPI:
         d = state.avatar_dir(avatar_id)
         if not d.is_dir():
             raise HTTPException(404, f"no avatar {avatar_id!r}")
-        with state.lock:
+        with state.lock:  # quick checks and a rename only: never held across an await
             if avatar_id in state.pending_avatars:
                 raise HTTPException(409, f"avatar {avatar_id!r} is being built; delete it when the job is done")
             users = state.sessions.using_avatar(avatar_id)
@@ -223,7 +224,8 @@ def create_app(cfg: ServerConfig | None = None) -> FastAPI:
 
             for eng in state.engines.loaded().values():
                 evict_avatar(eng, str(d))
-            await run_in_threadpool(remove_tree, d)
+            trash = move_aside(d)  # gone for readers at once (atomic rename)
+        await run_in_threadpool(shutil.rmtree, trash, True)
         return Response(status_code=204)
 
     # ------------------------------------------------------------------ jobs + clips

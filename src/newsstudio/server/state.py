@@ -7,7 +7,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -51,7 +51,6 @@ class ServerConfig:
     warm: bool = True
     """Load the default engine at startup."""
     jobs_kept: int = 500
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Metrics:

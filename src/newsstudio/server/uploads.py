@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import uuid
 from pathlib import Path
 
@@ -148,8 +147,8 @@ def decode_speech(data: bytes, name: str) -> tuple[Audio, float]:
     return audio, speech
 
 
-def remove_tree(path: Path) -> None:
-    """Delete a folder atomically for readers: rename it aside first, then remove."""
+def move_aside(path: Path) -> Path:
+    """Take a folder away from readers atomically (a rename); the caller removes the result."""
     trash = path.with_name(f".trash-{path.name}-{uuid.uuid4().hex[:8]}")
     os.replace(path, trash)
-    shutil.rmtree(trash, ignore_errors=True)
+    return trash
