@@ -24,7 +24,7 @@ from newsstudio.compose.colour import rgb_to_nv12
 from newsstudio.compose.splice import sample_crops_to_roi
 from newsstudio.engines.ditto import config as dcfg
 from newsstudio.engines.ditto import weights as dweights
-from newsstudio.engines.ditto.engine import OPTIONS_ENV, DittoEngine
+from newsstudio.engines.ditto.engine import DRIVING_DIM, OPTIONS_ENV, DittoEngine
 from newsstudio.engines.ditto.putback import get_mask
 from newsstudio.engines.ditto.registration import (
     CropParams,
@@ -268,14 +268,17 @@ def test_online_driver_emits_before_all_audio(engine, packet):
         drv.push(cond.take(cond.ready))
     drv.close()
     rest = drv.take(drv.ready)
-    kp = torch.cat([early, rest])
-    assert kp.shape == (math.ceil(pcm.size / 640), 2, 21, 3) and torch.isfinite(kp).all()
-    assert torch.equal(kp[:, 0], kp[:1, 0].expand_as(kp[:, 0]))  # photo: one source
-    assert (kp[:, 1] - kp[:, 0]).abs().amax() > 1e-4  # the driving keypoints move
+    rows = torch.cat([early, rest])
+    assert rows.shape == (math.ceil(pcm.size / 640), DRIVING_DIM) and torch.isfinite(rows).all()
+    assert torch.equal(rows[:, 265:530], rows[:1, 265:530].expand(rows.shape[0], -1))  # one d0 per stream
+    x_s, x_d = engine.keypoints(layer, rows, torch.zeros(rows.shape[0], dtype=torch.long))
+    assert x_s.shape == x_d.shape == (rows.shape[0], 21, 3)
+    assert torch.equal(x_s, x_s[:1].expand_as(x_s))  # photo: one source
+    assert (x_d - x_s).abs().amax() > 1e-4  # the driving keypoints move
 
 
 def test_driver_is_chunk_invariant(engine, packet, video_engine, video_packet):
-    """Any split of the conditioning gives the same keypoints (online = offline)."""
+    """Any split of the conditioning gives the same driving rows (online = offline)."""
     feats = torch.randn(100, 1024, generator=torch.Generator().manual_seed(3))
     for eng, p in ((engine, packet), (video_engine, video_packet)):
         layer = eng.load_avatar(p)
@@ -291,12 +294,56 @@ def test_driver_is_chunk_invariant(engine, packet, video_engine, video_packet):
             drv.close()
             got.append(drv.take(drv.ready))
             outs.append(torch.cat(got))
-        assert outs[0].shape == (100, 2, 21, 3)
-        for o in outs[1:]:
-            assert torch.allclose(o, outs[0], atol=1e-5)
-    # video: the source keypoints follow the ping-pong loop 0 1 2 2 1 0 0 1 ...
-    x_s = outs[0][:, 0]
-    assert torch.allclose(x_s[1], x_s[4]) and torch.allclose(x_s[2], x_s[3]) and not torch.allclose(x_s[0], x_s[2])
+        assert outs[0].shape == (100, DRIVING_DIM)
+        assert torch.allclose(outs[1], outs[0], atol=1e-5)
+
+
+def test_stitching_uses_the_frame_shown(video_engine, video_packet):
+    """Keypoints depend on the source frame a driving row is shown on, not on when the row was
+    made: a live session may show an utterance's frame j on any loop frame."""
+    from newsstudio.engines.ditto.motion_stitch import transform_info
+
+    layer = video_engine.load_avatar(video_packet)
+    drv = video_engine.driver(layer)
+    drv.push(torch.randn(12, 1024, generator=torch.Generator().manual_seed(4)))
+    drv.close()
+    rows = drv.take(drv.ready)
+    info = layer.data["x_s_info"]
+    for frames in ([0, 1, 2, 2, 1, 0], [2, 2, 1, 0, 0, 1]):
+        idx = torch.tensor(frames)
+        x_s, x_d = video_engine.keypoints(layer, rows[:6], idx)
+        assert torch.allclose(x_s, transform_info({k: v[idx] for k, v in info.items()}), atol=1e-6)
+        # video: only the expression is driven (relative to d0); pose, t, scale are the frame's own
+        assert torch.isfinite(x_d).all()
+    a = video_engine.keypoints(layer, rows[:1], torch.tensor([0]))[1]
+    b = video_engine.keypoints(layer, rows[:1], torch.tensor([2]))[1]
+    assert not torch.allclose(a, b)
+    idle_s, idle_d = video_engine.keypoints(layer, video_engine.idle_driving(3), torch.tensor([0, 1, 2]))
+    assert torch.equal(idle_s, idle_d) and torch.equal(idle_s, layer.data["x_s"])
+
+
+def test_stateless_stitch_equals_the_reference_stitcher(packet):
+    """Render-side stitching (per-row d0 and blink index) == the reference's stateful MotionStitch
+    called frame by frame, blinks included."""
+    from newsstudio.engines.ditto.motion_stitch import MotionStitchConfig, MotionStitcher, blink_schedule, motion_rows_to_info
+
+    eye = torch.randn(15, 63, generator=torch.Generator().manual_seed(5)).numpy() * 0.01
+    eng = DittoEngine("cpu", weights="random", delta_eye_arr=eye, delta_eye_open_n=4, **OPTS)
+    layer = eng.load_avatar(packet)
+    drv = eng.driver(layer)
+    drv.push(torch.randn(40, 1024, generator=torch.Generator().manual_seed(6)))
+    drv.close()
+    rows = drv.take(drv.ready)
+    assert rows[:, 530].max() > 0  # blinks scheduled
+    x_s, x_d = eng.keypoints(layer, rows, torch.zeros(40, dtype=torch.long))
+    ref = MotionStitcher(eng.models.stitch)
+    info = layer.data["x_s_info"]
+    ref.setup(MotionStitchConfig(delta_eye_arr=torch.from_numpy(eye), delta_eye_open_n=4, is_image_flag=True),
+              x_s_info=info, d0=motion_rows_to_info(rows[:1, 265:530]))
+    assert ref.blink_idx[:40] == blink_schedule(3000, 15, 4)[:40] == [int(v) for v in rows[:, 530]]
+    for i in range(40):
+        r = ref(info, motion_rows_to_info(rows[i : i + 1, :265]))
+        assert torch.allclose(r.x_d[0], x_d[i], atol=1e-5) and torch.allclose(r.x_s[0], x_s[i])
 
 
 def test_ditto_stream_contract(engine, packet):
@@ -329,9 +376,24 @@ def test_idle_driving_is_the_source_at_rest(engine, packet):
     idx = torch.zeros(1, dtype=torch.long)
     idle = engine.render(layer, engine.idle_driving(1), idx)
     x_s = layer.data["x_s"][:1]
-    explicit = engine.render(layer, torch.stack([x_s, x_s], 1), idx)
-    assert idle.shape == (1, *layer.roi_hw, 3) and torch.equal(idle, explicit)
+    with torch.inference_mode():
+        feat = engine.models.warp(layer.data["f_s"][:1].float(), x_s, x_s)
+        crop = engine.models.decoder(feat).clamp(0, 1) * 255
+    from newsstudio.compose.splice import sample_crops_to_roi as s2r
+
+    explicit = s2r(crop, layer.data["grid"][:1])
+    assert idle.shape == (1, *layer.roi_hw, 3) and torch.allclose(idle, explicit, atol=1e-3)
     assert 0 <= float(idle.min()) and float(idle.max()) <= 255
+
+
+def test_half_precision_render_path(packet):
+    """Half-precision networks under autocast (bfloat16 on the CPU stands in for CUDA's float16)."""
+    e16 = DittoEngine("cpu", dtype=torch.bfloat16, weights="random", **OPTS)
+    assert next(e16.models.decoder.parameters()).dtype == torch.bfloat16 and e16.models.lmdm.model.final_layer.weight.dtype == torch.float32
+    layer = e16.load_avatar(packet)
+    drv = torch.full((2, DRIVING_DIM), float("nan"))
+    out = e16.render(layer, drv, torch.zeros(2, dtype=torch.long))
+    assert out.dtype == torch.float32 and out.shape == (2, *layer.roi_hw, 3) and torch.isfinite(out).all()
 
 
 def test_cli_render_ditto_random(packet, tmp_path, monkeypatch):

@@ -23,9 +23,12 @@ reference (commit e9191cf), except where noted:
 * ``delta_eye_open_n``: the reference default 0 means random blink gaps from Python's global
   ``random``; we keep the value but draw the gaps from a seeded ``random.Random(seed)`` so a
   stream is reproducible. Blinks only happen when the pickle provides ``delta_eye_arr``.
-* ``online_mode``: the engine always streams (the runner pushes PCM chunks), with the
-  reference's online warm-up (``overlap_v2`` frames of silence features in front), but output
-  frame k always shows audio frame k (see ``engine.DittoDriver``).
+* ``online_mode``: the reference default is False (``inference.py`` with the PyTorch config runs
+  the offline pipeline); ours is True: the engine always streams (the runner pushes PCM chunks)
+  and uses the reference's online warm-up (``overlap_v2`` frames of silence features in front, d0
+  from the first generated row), but output frame k always shows audio frame k (see
+  ``engine``). False gives the offline semantics (no warm-up, d0 = the first audio frame's
+  motion) - still streamed. The pickle's value is ignored (it is a property of how we run).
 """
 from __future__ import annotations
 
@@ -210,6 +213,7 @@ class DittoConfig:
     steps: int = 4
     cfg_sampling_timesteps: int | None = None
     smo_k_d: int = 3
+    online_mode: bool = True  # warm-up of overlap_v2 silence rows (online); False = the offline path
     # motion stitch
     use_d_keys: Any = None
     relative_d: bool = True

@@ -10,10 +10,12 @@ Stages (engines/base.py), all on the engine's device:
    [audio 1024 | emotion 8 | eye open 2 | eye ball 6 | source kp 63] (``ConditionHandler``),
    then ``lmdm.MotionWindowStream`` (80-frame windows, DDIM with batched classifier-free
    guidance, cross-fade over ``overlap_v2`` frames, moving-average smoothing) which hands out
-   motion rows as soon as no later window can change them, then ``MotionStitcher`` (relative
-   driving, lip/eye rows, stitching MLP). Driving = ``(B, 2, 21, 3)``: source and driving
-   keypoints of each output frame.
-3. ``render``: ``WarpingNetwork(f_s[frame], x_s, x_d)`` -> ``SPADEDecoder`` -> (B, 3, 512, 512)
+   motion rows as soon as no later window can change them. Driving = ``(B, 531)`` rows
+   [motion 265 | the stream's relative-driving reference d0 265 | blink index].
+3. ``render``: motion stitching (``MotionStitcher``: relative driving on the source keypoints of
+   the frame actually shown, lip/eye rows, stitching MLP; done here and not in the driver because
+   a live session may start an utterance anywhere on a video loop), then
+   ``WarpingNetwork(f_s[frame], x_s, x_d)`` -> ``SPADEDecoder`` -> (B, 3, 512, 512)
    -> ``compose.splice.sample_crops_to_roi`` with the packet's per-frame grids: the crop lands in
    the avatar's Ditto ROI exactly like the reference's ``cv2.warpAffine(render, M_c2o)``, with
    the reference's feathered ``get_mask`` as alpha. Float16 (with autocast) on CUDA like the
@@ -27,8 +29,12 @@ window, which for ``overlap_v2`` < 40 (the setup default is 10) shows audio fram
 ``80 - 2*overlap_v2`` on output frame 0 (a 2.4 s lag at the default); we emit motion row
 ``overlap_v2 + k`` on output frame k, i.e. frame k shows audio frame k.
 
-Idle: ``idle_driving`` returns NaN keypoints, which ``render`` replaces by each frame's own
-source keypoints (x_d = x_s): the avatar at rest, the exact source frame through the networks.
+Idle: ``idle_driving`` returns NaN rows, which ``render`` turns into each frame's own source
+keypoints (x_d = x_s): the avatar at rest, the source frame itself through the networks.
+
+Latency: the first window needs ``80 - overlap_v2`` frames of audio (70 at the default, 2.8 s of
+speech, plus 80 ms HuBERT look-ahead) before any motion exists; a larger ``overlap_v2`` lowers
+that at the cost of more LMDM windows per second of speech.
 
 Options: any :class:`config.DittoConfig` field as a keyword (``steps=2``, ``overlap_v2=...``,
 ``emo=3``...), on top of the official config pickle when the models folder has one. For tests and
@@ -56,7 +62,15 @@ from ...compose.splice import sample_crops_to_roi
 from ..base import AvatarLayer, Engine, FrameQueue, TensorFrameQueue, pingpong_index
 from .config import DittoConfig, load_config
 from .lmdm import DDIMSampler, MotionWindowStream
-from .motion_stitch import MotionStitchConfig, MotionStitcher, motion_rows_to_info, source_kp_cond, transform_info
+from .motion_stitch import (
+    MotionStitchConfig,
+    MotionStitcher,
+    bin66_to_degree,
+    blink_schedule,
+    motion_rows_to_info,
+    source_kp_cond,
+    transform_info,
+)
 from .registration import INFO_KEYS, expected_meta, prebake_ditto, prebake_mismatch
 from .wav2feat import SAMPLES_PER_FRAME, StreamingWav2Feat, wav2feat_offline
 from .weights import DittoModels, build_random, load_official
@@ -154,54 +168,50 @@ class DittoConditioner(FrameQueue):
 # ---------------------------------------------------------------------------------------- driver
 
 
+MOTION_DIM = 265
+DRIVING_DIM = 2 * MOTION_DIM + 1  # [motion row | d0 row | blink index]
+
+
 class DittoDriver(FrameQueue):
-    """HuBERT rows in, per-frame keypoints ``(n, 2, 21, 3)`` [x_s, x_d] out (see the module doc).
+    """HuBERT rows in, per-frame driving rows ``(n, 531)`` out: [LMDM motion 265 | the stream's
+    relative-driving reference d0 265 | blink index 1] (see the module doc).
 
-    ``start_frame`` is the output frame index of this driver's first frame (0 for the stream
-    runner); it picks the source frame (ping-pong loop) whose motion each frame is stitched onto.
-    Set it before the first ``push`` when the stream starts elsewhere on the avatar's loop."""
+    The motion stitching itself (source keypoints of the frame actually shown, relative driving,
+    lip/eye rows, stitching MLP) happens in ``DittoEngine.render`` / ``keypoints``, because only the
+    renderer knows which source frame each output frame lands on (a live session starts an
+    utterance anywhere on the avatar's loop). Conditions use frames 0, 1, ... of the loop for the
+    eye state, as the reference's condition handler does."""
 
-    def __init__(self, engine: "DittoEngine", layer: AvatarLayer, start_frame: int = 0):
+    def __init__(self, engine: "DittoEngine", layer: AvatarLayer):
         cfg = engine.config
         self.cfg = cfg
         self.engine = engine
         self.layer = layer
         self.device = engine.device
-        self.start_frame = start_frame
         d = layer.data
         self.n_src = layer.n_frames
-        self.x_s_info: dict[str, torch.Tensor] = d["x_s_info"]
         gen = torch.Generator(device=self.device).manual_seed(int(cfg.seed))
         self.sampler = DDIMSampler(engine.models.lmdm, steps=int(cfg.steps), eta=1.0, generator=gen)
         self.stream = MotionWindowStream(self.sampler, d["kp_cond"], overlap=cfg.overlap_v2, smooth_k=cfg.smo_k_d,
                                          fix_kp_cond=cfg.fix_kp_cond, fix_kp_cond_dim=cfg.fix_kp_cond_dim)
-        self.warmup = cfg.overlap_v2
+        self.warmup = cfg.overlap_v2 if cfg.online_mode else 0
         self._cond_idx = -self.warmup
         self._started = False
         self._rows_in = 0  # motion rows received from the window stream (warm-up included)
-        self._frames = 0  # frames stitched
+        self._frames = 0  # driving frames emitted
+        self._d0: torch.Tensor | None = None
+        self._blink: list[int] | None = None
+        if cfg.delta_eye_arr is not None:
+            n_eye = int(np.asarray(cfg.delta_eye_arr).reshape(-1, 63).shape[0])
+            self._blink = blink_schedule(3000, n_eye, cfg.delta_eye_open_n, random.Random(int(cfg.seed)))
         self._out = TensorFrameQueue()
         self.closed = False
-        self.first_output_at_rows: int | None = None  # condition rows pushed when the first frame came out
-        self.stitcher = MotionStitcher(engine.models.stitch)
-        is_image = self.n_src == 1
-        first = {k: v[:1] for k, v in self.x_s_info.items()}
-        self.stitcher.setup(
-            MotionStitchConfig(
-                N_d=-1, use_d_keys=cfg.use_d_keys, relative_d=cfg.relative_d, drive_eye=cfg.drive_eye,
-                delta_eye_arr=None if cfg.delta_eye_arr is None else torch.as_tensor(cfg.delta_eye_arr, device=self.device),
-                delta_eye_open_n=cfg.delta_eye_open_n, fade_out_keys=cfg.fade_out_keys, fade_type=cfg.fade_type,
-                flag_stitching=cfg.flag_stitching, is_image_flag=is_image, overall_ctrl_info=dict(cfg.overall_ctrl_info)),
-            x_s_info=first, d0=None, rng=random.Random(int(cfg.seed)))
-        if not is_image and self.stitcher.drive_eye:  # gaze reference = the loop's first frame, as the reference
-            from .motion_stitch import bin66_to_degree
-
-            self.stitcher.pose_s = (bin66_to_degree(first["yaw"]), bin66_to_degree(first["pitch"]))
+        self.first_output_at_rows: int | None = None  # audio rows pushed when the first frame came out
 
     # -- conditions -----------------------------------------------------------------------------
     def conditions(self, feats: torch.Tensor) -> torch.Tensor:
-        """Condition rows (n, 1103) for audio rows (n, 1024) at absolute frames ``_cond_idx`` ...
-        (negative = warm-up; clamped to 0 for the per-frame source lookups, as the reference)."""
+        """Condition rows (n, 1103) for audio rows (n, 1024) at frames ``_cond_idx`` ... (negative =
+        warm-up; clamped to 0 for the per-frame source lookups, as the reference)."""
         cfg, d, dev = self.cfg, self.layer.data, self.device
         n = feats.shape[0]
         idx = torch.arange(self._cond_idx, self._cond_idx + n, device=dev).clamp_min(0)
@@ -209,7 +219,7 @@ class DittoDriver(FrameQueue):
         if cfg.use_emo:
             emo = d["emo"]
             parts.append(emo.expand(n, -1) if emo.shape[0] == 1 else emo[idx % emo.shape[0]])
-        src = pingpong_index(idx + self.start_frame, self.n_src)
+        src = pingpong_index(idx, self.n_src)
         for key, use in (("eye_open", cfg.use_eye_open), ("eye_ball", cfg.use_eye_ball)):
             if use:
                 arr = d[key]
@@ -246,25 +256,26 @@ class DittoDriver(FrameQueue):
 
     def take(self, n: int) -> torch.Tensor:
         if n == 0:
-            return torch.zeros((0, 2, 21, 3), device=self.device)
+            return torch.zeros((0, DRIVING_DIM), device=self.device)
         return self._out.take(n)
 
-    # -- motion -> keypoints --------------------------------------------------------------------
     def _consume(self, rows: torch.Tensor) -> None:
         if rows.shape[0] == 0:
             return
-        if self._rows_in == 0 and self.cfg.relative_d:
-            self.stitcher.d0 = motion_rows_to_info(rows[:1])  # the first generated row, as the online reference
+        if self._d0 is None:
+            self._d0 = rows[:1].to(torch.float32)  # the first generated row, as the online reference
         skip = max(0, self.warmup - self._rows_in)
         self._rows_in += int(rows.shape[0])
-        rows = rows[skip:]
-        if rows.shape[0] == 0:
-            return
+        rows = rows[skip:].to(torch.float32)
         n = int(rows.shape[0])
-        frames = pingpong_index(torch.arange(self._frames, self._frames + n, device=self.device) + self.start_frame, self.n_src)
-        x_s_info = self.x_s_info if self.n_src == 1 else {k: v.index_select(0, frames) for k, v in self.x_s_info.items()}
-        res = self.stitcher(x_s_info, motion_rows_to_info(rows))
-        self._out.push(torch.stack([res.x_s.expand(n, -1, -1), res.x_d], dim=1).to(torch.float32))
+        if n == 0:
+            return
+        if self._blink is not None:
+            b = [self._blink[(self._frames + i) % len(self._blink)] for i in range(n)]
+            blink = torch.tensor(b, device=self.device, dtype=torch.float32)[:, None]
+        else:
+            blink = torch.zeros((n, 1), device=self.device)
+        self._out.push(torch.cat([rows, self._d0.expand(n, -1), blink], dim=1))
         if self.first_output_at_rows is None:
             self.first_output_at_rows = self._cond_idx
         self._frames += n
@@ -401,7 +412,26 @@ class DittoEngine(Engine):
             "eye_ball": packet.tensor("ditto/eye_ball").to(dev, torch.float32),
             "emo": torch.from_numpy(self.config.emotion_rows()).to(dev, torch.float32),
         }
+        data["rest_row"] = torch.cat([data["kp_cond"], data["kp_cond"], torch.zeros(1, 1, device=dev)], 1)
+        data["stitcher"] = self._stitcher(x_s_info, n)
+        data["stitch_lock"] = threading.Lock()
         return AvatarLayer(self.name, packet, dev, (hr, wr), origins, masks, data)
+
+    def _stitcher(self, x_s_info: dict[str, torch.Tensor], n_frames: int) -> MotionStitcher:
+        """The avatar's MotionStitcher (settings from the config). It is used statelessly: the
+        per-stream reference d0 and blink indices come with every driving row."""
+        cfg = self.config
+        st = MotionStitcher(self.models.stitch)
+        first = {k: v[:1] for k, v in x_s_info.items()}
+        st.setup(MotionStitchConfig(
+            N_d=-1, use_d_keys=cfg.use_d_keys, relative_d=cfg.relative_d, drive_eye=cfg.drive_eye,
+            delta_eye_arr=None if cfg.delta_eye_arr is None else torch.as_tensor(np.asarray(cfg.delta_eye_arr), device=self.device, dtype=torch.float32),
+            delta_eye_open_n=-1, fade_out_keys=cfg.fade_out_keys, fade_type=cfg.fade_type,
+            flag_stitching=cfg.flag_stitching, is_image_flag=n_frames == 1, overall_ctrl_info=dict(cfg.overall_ctrl_info)),
+            x_s_info=first)
+        if n_frames > 1 and st.drive_eye:  # gaze reference = the loop's first frame, as the reference
+            st.pose_s = (bin66_to_degree(first["yaw"]), bin66_to_degree(first["pitch"]))
+        return st
 
     # -- stages -----------------------------------------------------------------------------------
     def conditioner(self, fps: float) -> FrameQueue:
@@ -410,7 +440,7 @@ class DittoEngine(Engine):
                              "Render at 25 fps and resample the video afterwards if another rate is needed.")
         return DittoConditioner(self.models.hubert, self.device, tuple(self.config.chunksize))
 
-    def driver(self, layer: AvatarLayer) -> FrameQueue:
+    def driver(self, layer: AvatarLayer) -> DittoDriver:
         return DittoDriver(self, layer)
 
     def silence_features(self, n: int) -> torch.Tensor:
@@ -421,24 +451,44 @@ class DittoEngine(Engine):
             self._silence[n] = feats.to(self.device, torch.float32)
         return self._silence[n]
 
+    def keypoints(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Motion stitching for a batch: (x_s, x_d), each (B, 21, 3) float32, of driving rows
+        shown on source frames ``frame_idx``. NaN rows (``idle_driving``) give x_d = x_s."""
+        dev = self.device
+        d = layer.data
+        idx = frame_idx.to(dev)
+        rows = driving.to(dev, torch.float32)
+        idle = torch.isnan(rows[:, 0])
+        rows = torch.where(idle[:, None], d["rest_row"], rows)
+        x_src = d["x_s"].index_select(0, idx)
+        info = d["x_s_info"]
+        x_s_info = info if layer.n_frames == 1 else {k: v.index_select(0, idx) for k, v in info.items()}
+        with d["stitch_lock"]:
+            st: MotionStitcher = d["stitcher"]
+            st.d0 = motion_rows_to_info(rows[:, MOTION_DIM : 2 * MOTION_DIM]) if self.config.relative_d else None
+            if st.delta_eye_arr is not None and st.drive_eye:
+                st.blink_idx = [int(v) for v in rows[:, 2 * MOTION_DIM].round().tolist()]
+                st.idx = 0
+            res = st(x_s_info, motion_rows_to_info(rows[:, :MOTION_DIM]))
+        keep = idle[:, None, None]
+        return torch.where(keep, x_src, res.x_s.expand_as(x_src)), torch.where(keep, x_src, res.x_d)
+
     def render(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> torch.Tensor:
         dev = self.device
         d = layer.data
         idx = frame_idx.to(dev)
         with torch.inference_mode():
+            x_s, x_d = self.keypoints(layer, driving, idx)
             src_idx = idx.to(d["f_s"].device)
             f_s = d["f_s"].index_select(0, src_idx).to(dev, self.dtype, non_blocking=True)
             grid = d["grid"].index_select(0, src_idx).to(dev, non_blocking=True)
-            x_src = d["x_s"].index_select(0, idx)
-            drv = driving.to(dev, torch.float32)
-            x_s = torch.where(torch.isnan(drv[:, 0]), x_src, drv[:, 0])
-            x_d = torch.where(torch.isnan(drv[:, 1]), x_src, drv[:, 1])
-            with torch.autocast(device_type="cuda", dtype=torch.float16, enabled=dev.type == "cuda"):
-                feat = self._warp(f_s, x_s.to(self.dtype), x_d.to(self.dtype))
+            # half-precision networks under autocast, keypoints in float32 (like the reference wrappers)
+            with torch.autocast(device_type=dev.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
+                feat = self._warp(f_s, x_s, x_d)
                 img = self._decoder(feat)
             crops = img.float().clamp_(0, 1).mul_(255.0)
             return sample_crops_to_roi(crops, grid)
 
     def idle_driving(self, n: int) -> torch.Tensor | None:
-        """The avatar at rest: NaN keypoints, which ``render`` replaces by each frame's x_s."""
-        return torch.full((n, 2, 21, 3), float("nan"), device=self.device)
+        """The avatar at rest: NaN rows, which ``render`` turns into x_d = x_s of each frame."""
+        return torch.full((n, DRIVING_DIM), float("nan"), device=self.device)

@@ -264,14 +264,14 @@ def register_packet(packet: Packet, models, cfg: DittoConfig, *, batch_size: int
     f_s = alloc("f_s", (n, 32, 16, feat, feat), np.float16)
     info = {k: np.empty((n, d), np.float32) for k, d in zip(INFO_KEYS, (66, 66, 66, 3, 63, 1, 63))}
     frames = packet.tensor("frames_nv12")
-    autocast = dev.type == "cuda"
+    autocast = models.dtype != torch.float32  # half-precision networks: autocast like the reference wrappers
     bar = tqdm(total=n, desc="ditto prebake", unit="f", disable=not progress)
     for s, e in _batches(n, batch_size):
         nv12 = frames[s:e].to(dev)
         rgb = nv12_to_rgb(nv12)
         crops = crop_frames(rgb, torch.from_numpy(m_c2o[s:e]), cs)
         x = network_input(crops, ins)
-        with torch.autocast(device_type=dev.type, dtype=torch.float16, enabled=autocast):
+        with torch.autocast(device_type=dev.type, dtype=models.dtype, enabled=autocast):
             fs = models.appearance(x.to(models.dtype))
             outs = models.motion(x.to(models.dtype))
         f_s[s:e] = fs.to(torch.float16).cpu().numpy()
