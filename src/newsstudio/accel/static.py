@@ -261,7 +261,7 @@ class StaticBatchRunner:
         cur.wait_stream(side)
         torch.cuda.synchronize(dev)
         graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(graph):
+        with torch.no_grad(), torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other sessions keep launching
             out = target(*self.static_inputs)
         torch.cuda.synchronize(dev)
         self._graph, self._static_out = graph, out
