@@ -527,3 +527,36 @@ def test_random_models_and_real_hubert_config():
     from newsstudio.weights.seeded import seeded_tensor
 
     assert torch.equal(enc.model.state_dict()[k], seeded_tensor(k, (1024, 4096), 0))
+
+
+# ---------------------------------------------------------------------------------- benchmark reference
+
+
+def test_reference_style_pipeline(engine, packet):
+    """benchmarks/ditto_reference.py: two-pass CFG == our batched CFG (same noise), and the
+    threaded per-frame pipeline produces every frame, pasted back on the CPU."""
+    from benchmarks.ditto_reference import TwoPassCFG, build_source, reference_image_nets, run_reference
+    from newsstudio.engines.ditto.lmdm import DDIMSampler
+
+    lm = engine.models.lmdm
+    g = torch.Generator().manual_seed(7)
+    cond, kp, x_t = torch.randn(1, 80, 1103, generator=g), torch.randn(1, 265, generator=g), torch.randn(1, 80, 265, generator=g)
+    ours = DDIMSampler(lm, steps=3, generator=torch.Generator().manual_seed(0))
+    two = DDIMSampler(TwoPassCFG(lm), steps=3, generator=torch.Generator().manual_seed(0))
+    assert all(torch.equal(a, b) for a, b in zip(ours.step_noise, two.step_noise))
+    with torch.no_grad():
+        assert torch.allclose(ours.sample(kp, cond, x_T=x_t), two.sample(kp, cond, x_T=x_t), atol=1e-4)
+
+    source = build_source(packet)
+    warp, dec = reference_image_nets(0, torch.device("cpu"))
+    audio = _speechlike(0.1, 16000)[0]
+    run = run_reference(engine.models, engine.config, source, audio, warp=warp, decoder=dec, steps=2, keep_frames=True)
+    w, h = packet.size
+    assert run.frames == 3 and len(run.kept) == 3 and run.first_frame_s <= run.seconds
+    assert all(f.shape == (h, w, 3) and f.dtype == np.uint8 for f in run.kept)
+    rw, rh = packet.engine_meta("ditto")["roi"]
+    x0, y0 = packet.array("ditto/origins")[0]
+    outside = np.ones((h, w), bool)
+    outside[y0 : y0 + rh, x0 : x0 + rw] = False
+    assert np.array_equal(run.kept[0][outside], source["img_rgb_lst"][0][outside])
+    assert np.abs(run.kept[0][~outside].astype(int) - source["img_rgb_lst"][0][~outside]).mean() > 1
