@@ -83,6 +83,9 @@ def test_page_connects_speaks_and_interrupts(site):
                 await page.wait_for_function("window.newsstudio.stats.framesDecoded > 110 && window.newsstudio.baseline !== null", timeout=30000)
                 assert await page.text_content("#state-text") == "Idle"
                 sid = await page.evaluate("window.newsstudio.sessionId")
+                # the VP8 encoder refines a static picture for a few seconds (more under load);
+                # wait until that settles, then the idle picture must stay still
+                await page.wait_for_function("(() => { const v = window.newsstudio.history.filter(h => h.motion !== null).slice(-25); return v.length === 25 && v.every(h => h.motion < 0.5); })()", timeout=20000)
                 await asyncio.sleep(1.5)
                 now = await page.evaluate("performance.now()")
                 hist = await page.evaluate("window.newsstudio.history")
@@ -162,7 +165,7 @@ def test_page_connects_speaks_and_interrupts(site):
     r = asyncio.run(run())
     assert not r["errors"], r["errors"]
     st = r["stats"]
-    assert st["fps"] > 18 and st["codec"] in ("VP8", "H264") and (st["width"], st["height"]) == (256, 256)
+    assert st["fps"] > 18 and st["codec"] in ("VP8", "H264") and (st["width"], st["height"]) == (256, 256), st
     assert st["audioSamples"] > 48000
     # speech: the mouth moves and sound plays
     sm, sr = r["speak_mouth"], r["speak_rms"]
@@ -172,8 +175,8 @@ def test_page_connects_speaks_and_interrupts(site):
     # interrupt: motion and sound stop within the bound (media cut <= 100 ms on the server,
     # plus the data channel hop, WebRTC jitter buffer and the page's 25 ms sampling)
     assert r["server_info"]["last_cut_ms"] is not None and r["server_info"]["last_cut_ms"] <= 100
-    assert r["stop_video_ms"] <= 400, r["stop_video_ms"]
-    assert r["stop_audio_ms"] <= 400, r["stop_audio_ms"]
+    assert r["stop_video_ms"] <= 400, f"the mouth still moved {r['stop_video_ms']:.0f} ms after the interrupt click"
+    assert r["stop_audio_ms"] <= 400, f"sound still played {r['stop_audio_ms']:.0f} ms after the interrupt click"
     # afterwards the mouth stays still (VP8 leaves a small static error against the idle baseline)
     assert np.percentile(r["still_motion"], 90) < 0.5 and max(r["still_motion"]) < 2.5, r["still_motion"]
     assert max(r["still_mouth"]) < 6.0, r["still_mouth"]

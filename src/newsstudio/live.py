@@ -261,8 +261,6 @@ class Utterance:
         self._driving: list[torch.Tensor] = []
         self._driving_base = 0  # index of the first kept driving frame
         self._driving_count = 0
-        self._idle_row: torch.Tensor | None = None
-        self.created = time.monotonic()
 
     # -- input
     def feed(self, mono: np.ndarray) -> None:
@@ -334,10 +332,6 @@ class Utterance:
         if m:
             self._driving.append(self.driver.take(m))
             self._driving_count += m
-
-    def frames_ready(self) -> int:
-        self._pump()
-        return self._driving_count
 
     def ended_by(self, j: int) -> bool:
         return self.total_frames is not None and j >= self.total_frames
