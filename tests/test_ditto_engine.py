@@ -403,6 +403,8 @@ def test_idle_driving_is_the_source_at_rest(engine, packet):
 
     explicit = s2r(crop, layer.data["grid"][:1])
     assert idle.shape == (1, *layer.roi_hw, 3) and torch.allclose(idle, explicit, atol=1e-3)
+    rest = engine.idle_driving(3)
+    assert bool(torch.all(rest == rest[:1]))  # constant: live sessions cache idle frames by loop index
     assert 0 <= float(idle.min()) and float(idle.max()) <= 255
 
 
@@ -411,7 +413,7 @@ def test_half_precision_render_path(packet):
     e16 = DittoEngine("cpu", dtype=torch.bfloat16, weights="random", **OPTS)
     assert next(e16.models.decoder.parameters()).dtype == torch.bfloat16 and e16.models.lmdm.model.final_layer.weight.dtype == torch.float32
     layer = e16.load_avatar(packet)
-    drv = torch.full((2, DRIVING_DIM), float("nan"))
+    drv = e16.idle_driving(2)
     out = e16.render(layer, drv, torch.zeros(2, dtype=torch.long))
     assert out.dtype == torch.float32 and out.shape == (2, *layer.roi_hw, 3) and torch.isfinite(out).all()
 

@@ -29,8 +29,9 @@ window, which for ``overlap_v2`` < 40 (the setup default is 10) shows audio fram
 ``80 - 2*overlap_v2`` on output frame 0 (a 2.4 s lag at the default); we emit motion row
 ``overlap_v2 + k`` on output frame k, i.e. frame k shows audio frame k.
 
-Idle: ``idle_driving`` returns NaN rows, which ``render`` turns into each frame's own source
-keypoints (x_d = x_s): the avatar at rest, the source frame itself through the networks.
+Idle: ``idle_driving`` returns rest rows (blink index -1), which ``render`` turns into each
+frame's own source keypoints (x_d = x_s): the avatar at rest, the source frame itself through
+the networks.
 
 Latency: the first window needs ``80 - overlap_v2`` frames of audio (70 at the default, 2.8 s of
 speech, plus 80 ms HuBERT look-ahead) before any motion exists; a larger ``overlap_v2`` lowers
@@ -170,6 +171,7 @@ class DittoConditioner(FrameQueue):
 
 MOTION_DIM = 265
 DRIVING_DIM = 2 * MOTION_DIM + 1  # [motion row | d0 row | blink index]
+REST_FLAG = -1.0  # blink index of idle rows: the frame's own source keypoints (x_d = x_s)
 
 
 class DittoDriver(FrameQueue):
@@ -453,12 +455,13 @@ class DittoEngine(Engine):
 
     def keypoints(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Motion stitching for a batch: (x_s, x_d), each (B, 21, 3) float32, of driving rows
-        shown on source frames ``frame_idx``. NaN rows (``idle_driving``) give x_d = x_s."""
+        shown on source frames ``frame_idx``. Rest rows (``idle_driving``: blink index -1) give
+        x_d = x_s."""
         dev = self.device
         d = layer.data
         idx = frame_idx.to(dev)
         rows = driving.to(dev, torch.float32)
-        idle = torch.isnan(rows[:, 0])
+        idle = rows[:, 2 * MOTION_DIM] < -0.5
         rows = torch.where(idle[:, None], d["rest_row"], rows)
         x_src = d["x_s"].index_select(0, idx)
         info = d["x_s_info"]
@@ -490,5 +493,8 @@ class DittoEngine(Engine):
             return sample_crops_to_roi(crops, grid)
 
     def idle_driving(self, n: int) -> torch.Tensor | None:
-        """The avatar at rest: NaN rows, which ``render`` turns into x_d = x_s of each frame."""
-        return torch.full((n, DRIVING_DIM), float("nan"), device=self.device)
+        """The avatar at rest: rows flagged with blink index -1 (all equal, so idle frames can be
+        cached by loop index), which ``render`` turns into x_d = x_s of each frame shown."""
+        rows = torch.zeros((n, DRIVING_DIM), device=self.device)
+        rows[:, 2 * MOTION_DIM] = REST_FLAG
+        return rows
