@@ -216,31 +216,34 @@ def test_streamed_speech_plays_as_it_arrives_and_underruns_stay_in_sync(engine, 
 
     video, audio = collect(s, ts, 4.0, before=feed)
     info = s.info()
-    f0 = int(round(0.30 * FPS)) + 3  # starts once 0.1 s is buffered (+ one frame boundary)
     ref = video[0]
     box = mouth_box(packet)
+    # it starts speaking within 200 ms of the first chunk (0.1 s prebuffer + the engine's look-ahead)
     first_moving = next(k for k in sorted(video) if mouth_diff(video[k], ref, box) > 1.0)
-    assert abs(first_moving - f0) <= 2, (first_moving, f0)
-    assert info["underrun_ms"] >= 900  # the stall became silence inside the utterance ...
+    assert 0 <= first_moving / FPS - 0.30 <= 0.200, first_moving
+    assert 900 <= info["underrun_ms"] <= 1300  # the 1 s stall became a gap inside the utterance
     out = audio_stream(audio)
-    # ... and the audio that arrived plays contiguously, bit-exact (48 kHz in, 48 kHz out)
     nz = np.flatnonzero(np.abs(out) > 0)
     a0 = nz[0]
-    assert a0 % 1920 == 0  # starts on a frame boundary (1920 samples per 25 fps frame)
+    assert a0 % 1920 == 0 and a0 // 1920 <= first_moving  # sound starts on a frame boundary
     played = out[a0:]
+    # the audio that arrived plays bit-exact (48 kHz in, 48 kHz out), split once by a
+    # frame-aligned gap of silence at the play position where the speaker fell behind
     n_before = (stall_after + 1) * 960
-    np.testing.assert_array_equal(played[:n_before], speech[:n_before])
-    gap = played[n_before:]
-    resume = int(np.argmax(np.abs(gap) > 0))
-    assert 0.9 * SR <= resume <= 1.2 * SR
-    rest = speech[n_before:]
-    np.testing.assert_array_equal(gap[resume : resume + rest.size], rest)
-    # during the stall the mouth closes (after the jaw's ~0.5 s release) and stays closed: the
-    # silence is inside the utterance for both tracks
-    stall_frames = range((a0 + n_before) // 1920 + 15, (a0 + n_before + resume) // 1920 - 1)
-    assert len(stall_frames) > 5
-    for k in stall_frames:
-        assert mouth_diff(video[k], ref, box) < 0.5, k
+    x = int(np.flatnonzero(played[: speech.size] != speech[: played[: speech.size].size])[0])
+    x -= x % 1920  # the gap starts on a frame boundary
+    assert n_before - 4 * 1920 <= x <= n_before
+    np.testing.assert_array_equal(played[:x], speech[:x])
+    gap_frames = next(g for g in range(1, 60) if np.array_equal(played[x + g * 1920 : x + g * 1920 + SR // 2], speech[x : x + SR // 2]))
+    assert not played[x : x + gap_frames * 1920].any()
+    rest = speech[x:]
+    np.testing.assert_array_equal(played[x + gap_frames * 1920 : x + gap_frames * 1920 + rest.size], rest)
+    assert gap_frames * 40 == pytest.approx(info["underrun_ms"], abs=1)
+    # video: exactly the same frames are the gap (idle picture, mouth closed), speech around it
+    k_gap = (a0 + x) // 1920
+    for k in range(k_gap, k_gap + gap_frames):
+        assert mouth_diff(video[k], ref, box) == 0.0, k
+    assert mouth_diff(video[k_gap - 1], ref, box) > 0 or mouth_diff(video[k_gap - 2], ref, box) > 0
     s.close()
 
 

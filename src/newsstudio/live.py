@@ -234,17 +234,20 @@ class Utterance:
     """One piece of speech on the session timeline, with its own conditioner and driver.
 
     Input PCM (any rate, mono) is resampled twice as it arrives: to the engine's rate for the
-    conditioner, and to the session's output rate for playback. `start_frame` (F0) is set
-    when it goes on air; frame F0 + j shows driving frame j, output sample
-    frame_sample(F0) + i plays its sample i."""
+    conditioner, and to the session's output rate for playback. It goes on air at media frame
+    `start_frame` (F0); its local frame j and local output sample i then play at media frame
+    F0 + j and sample frame_sample(F0) + i, shifted by the gaps before them.
+
+    A gap is an underrun: the play position reached a frame whose driving the engine cannot
+    give yet (the speaker is late). The gap is inserted at the play position, frame-aligned,
+    for audio (silence) and video (the idle frame) alike, so the two stay aligned; nothing is
+    pushed into the conditioner, so an engine with a long look-ahead is waited for, never fed
+    made-up silence."""
 
     def __init__(self, session: "LiveSession", sample_rate: int, streamed: bool):
         eng = session.engine
-        self.rebuffer = int(session.prebuffer_s * sample_rate)
-        self.starved = False
-        self._held: list[np.ndarray] = []
-        self._held_n = 0
         self.id = uuid.uuid4().hex[:12]
+        self.clock = session.clock
         self.fps = session.fps
         self.src_rate = int(sample_rate)
         self.streamed = streamed
@@ -256,37 +259,23 @@ class Utterance:
         self.n_src = 0
         self.closed = False
         self.start_frame: int | None = None
-        self.total_frames: int | None = None
-        self.underrun_samples = 0
+        self.total_frames: int | None = None  # local frames, known once the input ended
+        self.starving = False
+        self.gaps: list[list[int]] = []  # [media frame, frames] of gaps not yet folded
+        self._fold_frames = 0  # gap frames / samples of gaps folded away (all before the cursors)
+        self._fold_samples = 0
+        self.gap_frames = 0
         self._driving: list[torch.Tensor] = []
         self._driving_base = 0  # index of the first kept driving frame
         self._driving_count = 0
 
     # -- input
     def feed(self, mono: np.ndarray) -> None:
-        """Append arriving speech. After an underrun, arriving speech is held back until a
-        prebuffer's worth has come (a jitter buffer refilling), so one late packet does not
-        turn into a stutter of tiny gaps."""
         if self.closed:
             raise SessionError("this utterance's input already ended")
         mono = np.ascontiguousarray(np.asarray(mono, np.float32).reshape(-1))
         if not mono.size:
             return
-        if self.starved:
-            self._held.append(mono)
-            self._held_n += mono.size
-            if self._held_n >= self.rebuffer:
-                self._release_held()
-            return
-        self._append(mono)
-
-    def _release_held(self) -> None:
-        held, self._held, self._held_n = self._held, [], 0
-        self.starved = False
-        for x in held:
-            self._append(x)
-
-    def _append(self, mono: np.ndarray) -> None:
         self.n_src += mono.size
         model = mono if self._to_model is None else self._to_model.resample_chunk(mono, last=False)
         if model.size:
@@ -297,8 +286,6 @@ class Utterance:
         """No more input: flush the resamplers and the look-ahead of conditioner and driver."""
         if self.closed:
             return
-        if self._held:
-            self._release_held()
         self.closed = True
         if self._to_model is not None:
             tail = self._to_model.resample_chunk(np.zeros(0, np.float32), last=True)
@@ -312,18 +299,6 @@ class Utterance:
         self._pump()
         self.total_frames = max(1, frames_for_samples(self.n_src, self.src_rate, self.fps))
 
-    def pad_silence(self, seconds: float = 0.02) -> None:
-        """Underrun: the speaker is late, so the utterance gets silence (mouth closed) now."""
-        n = max(1, int(round(seconds * self.src_rate)))
-        self.underrun_samples += n
-        self._append(np.zeros(n, np.float32))
-        self.starved = self.streamed
-
-    @property
-    def buffered_s(self) -> float:
-        return self.n_src / self.src_rate
-
-    # -- output
     def _pump(self) -> None:
         n = self.conditioner.ready
         if n:
@@ -333,20 +308,70 @@ class Utterance:
             self._driving.append(self.driver.take(m))
             self._driving_count += m
 
+    def ready_frames(self) -> int:
+        """Local frames whose driving signal exists."""
+        self._pump()
+        return self._driving_count
+
+    # -- timeline (media <-> local, through the gaps)
+    def _gap_samples(self, g: list[int]) -> int:
+        return self.clock.frame_sample(g[0] + g[1]) - self.clock.frame_sample(g[0])
+
+    def local_frame(self, k: int) -> int | None:
+        """Local frame shown at media frame k (None inside a gap or before the start)."""
+        assert self.start_frame is not None
+        j = k - self.start_frame - self._fold_frames
+        for g0, gn in self.gaps:
+            if k >= g0 + gn:
+                j -= gn
+            elif k >= g0:
+                return None
+        return j if j >= 0 else None
+
+    def local_sample(self, s: int, kf: int) -> int | None:
+        """Local output sample played at media sample s (of media frame kf); None in a gap."""
+        assert self.start_frame is not None
+        i = s - self.clock.frame_sample(self.start_frame) - self._fold_samples
+        for g in self.gaps:
+            if kf >= g[0] + g[1]:
+                i -= self._gap_samples(g)
+            elif kf >= g[0]:
+                return None
+        return i if i >= 0 else None
+
+    def add_gap(self, k: int) -> None:
+        """Frame k (the play position) shows no speech: an underrun gap."""
+        if self.gaps and self.gaps[-1][0] + self.gaps[-1][1] == k:
+            self.gaps[-1][1] += 1
+        else:
+            self.gaps.append([k, 1])
+        self.gap_frames += 1
+
+    def fold_gaps_before(self, k: int) -> None:
+        """Forget gaps that both cursors have passed (keeping their totals)."""
+        while self.gaps and self.gaps[0][0] + self.gaps[0][1] <= k:
+            g = self.gaps.pop(0)
+            self._fold_frames += g[1]
+            self._fold_samples += self._gap_samples(g)
+
+    def end_frame(self) -> int | None:
+        """Media frame after the last one (once the input ended)."""
+        if self.total_frames is None or self.start_frame is None:
+            return None
+        return self.start_frame + self.total_frames + self.gap_frames
+
+    def end_sample(self) -> int | None:
+        if self.total_frames is None or self.start_frame is None:
+            return None
+        return self.clock.frame_sample(self.start_frame) + self._fold_samples + sum(self._gap_samples(g) for g in self.gaps) + self.out.count
+
     def ended_by(self, j: int) -> bool:
         return self.total_frames is not None and j >= self.total_frames
 
+    # -- output
     def driving(self, j: int, n: int, session: "LiveSession") -> torch.Tensor:
-        """Driving frames [j, j+m) with 1 <= m <= n: only what is ready, padding silence
-        (underrun) when not even frame j is, so a live stream never waits."""
+        """Driving frames [j, j+m), 1 <= m <= n, of what is ready (the caller checked j is)."""
         self._pump()
-        guard = 0
-        while self._driving_count <= j and not self.closed:
-            self.pad_silence(0.02)
-            self._pump()
-            guard += 1
-            if guard > 10_000:
-                raise SessionError("conditioner produced no frames")
         if self.total_frames is not None:
             n = min(n, self.total_frames - j)
         avail = self._driving_count - j
@@ -374,16 +399,6 @@ class Utterance:
         rest = cat[cut:]
         self._driving = [rest.clone()] if rest.shape[0] else []
         self._driving_base += cut
-
-    def audio(self, a: int, b: int) -> np.ndarray:
-        """Output-rate samples [a, b) of this utterance, padding silence on underrun."""
-        guard = 0
-        while not self.closed and self.out.count < b:
-            self.pad_silence(0.02)
-            guard += 1
-            if guard > 100_000:
-                raise SessionError("resampler produced no samples")
-        return self.out.read(a, b)
 
 
 # --------------------------------------------------------------------------------------
@@ -435,6 +450,7 @@ class LiveSession:
         self.out_rate = int(out_rate)
         self.render_ahead = max(1, int(render_ahead))
         self.prebuffer_s = float(prebuffer_s)
+        self.prebuffer_frames = max(1, math.ceil(self.prebuffer_s * float(as_fraction(fps))))
         self.clock = MediaClock(self.fps, time_source, self.out_rate)
         self.layer = engine.load_avatar(packet)
         self.stream = StreamSession(engine, self.layer, background_for(engine, packet), self.fps)
@@ -481,9 +497,9 @@ class LiveSession:
 
     @property
     def underrun_s(self) -> float:
-        """Seconds of silence inserted because streamed speech arrived late."""
+        """Seconds of gap inserted because streamed speech arrived late."""
         u = self._current
-        return self._underrun_past + (u.underrun_samples / u.src_rate if u is not None else 0.0)
+        return self._underrun_past + (u.gap_frames / float(self.fps) if u is not None else 0.0)
 
     def info(self) -> dict[str, Any]:
         s = self.stats
@@ -583,7 +599,7 @@ class LiveSession:
         dropped = 0
         if u is not None:
             dropped = sum(1 for k in self._ahead if self._is_speech_frame(u, k))
-            self._underrun_past += u.underrun_samples / u.src_rate
+            self._underrun_past += u.gap_frames / float(self.fps)
         self._ahead = {}  # everything rendered ahead is >= the video cursor: re-rendered as needed
         self.stats.dropped_frames += dropped
         self._current = None
@@ -598,15 +614,17 @@ class LiveSession:
 
     @staticmethod
     def _is_speech_frame(u: Utterance, k: int) -> bool:
-        return u.start_frame is not None and k >= u.start_frame and not u.ended_by(k - u.start_frame)
+        if u.start_frame is None or k < u.start_frame:
+            return False
+        j = u.local_frame(k)
+        return j is not None and not u.ended_by(j)
 
     def _finished(self, u: Utterance) -> bool:
         """Both tracks are past the utterance's end (or the clock is well past it, for a
         consumer that pulls only one track)."""
-        if u.total_frames is None or u.start_frame is None:
+        end_frame, end_sample = u.end_frame(), u.end_sample()
+        if end_frame is None or end_sample is None:
             return False
-        end_frame = u.start_frame + u.total_frames
-        end_sample = self.clock.frame_sample(u.start_frame) + u.out.count
         if self._vk >= end_frame and self._as >= end_sample:
             return True
         return self.clock.now() > max(self.clock.video_time(end_frame), self.clock.audio_time(end_sample)) + 0.5
@@ -614,7 +632,7 @@ class LiveSession:
     def _retire(self) -> None:
         u = self._current
         if u is not None and self._finished(u):
-            self._underrun_past += u.underrun_samples / u.src_rate
+            self._underrun_past += u.gap_frames / float(self.fps)
             self._current = None
 
     def _replace(self, utt: Utterance) -> dict[str, Any]:
@@ -627,9 +645,11 @@ class LiveSession:
         return {"utterance": utt.id, "start_frame": utt.start_frame, "cut": cut}
 
     def _maybe_start(self, u: Utterance) -> None:
+        """Put a waiting utterance on air once the engine has `prebuffer` of driving ready
+        (its own look-ahead included) or the input ended."""
         if u.start_frame is not None or u is not self._current:
             return
-        if not (u.closed or u.buffered_s >= self.prebuffer_s):
+        if not (u.closed or u.ready_frames() >= self.prebuffer_frames):
             return
         now = self.clock.now()
         f0 = max(self._vk, self.clock.frame_of_sample(self._as), self.clock.next_frame(now))
@@ -648,7 +668,9 @@ class LiveSession:
             return None, 1 << 30
         if k < u.start_frame:
             return None, u.start_frame - k
-        j = k - u.start_frame
+        j = u.local_frame(k)
+        if j is None:
+            return None, 1  # inside a gap
         if u.ended_by(j):
             return None, 1 << 30
         return u, (u.total_frames - j) if u.total_frames is not None else 1 << 30
@@ -690,8 +712,11 @@ class LiveSession:
             self._ahead = {j: v for j, v in self._ahead.items() if j >= k + n}
             self._vk = max(self._vk, k + n)
             u = self._current
-            if u is not None and u.start_frame is not None:
-                u.release_driving_before(self._vk - u.start_frame)
+            if u is not None and u.start_frame is not None and self._vk >= u.start_frame:
+                j = u.local_frame(self._vk)
+                if j is not None:
+                    u.release_driving_before(j)
+                u.fold_gaps_before(min(self._vk, self.clock.frame_of_sample(self._as) - 1))
             self.stats.frames_out += n
             self._retire()
         self.last_frame_at = time.monotonic()
@@ -706,10 +731,23 @@ class LiveSession:
         """Under the lock: what to render from frame k (idle or speech, how many, driving)."""
         u, span = self._segment(k)
         m = max(1, min(n, span))
+        if u is not None:
+            assert u.start_frame is not None
+            j = u.local_frame(k)
+            assert j is not None
+            ready = u.ready_frames()
+            if not u.closed and (ready <= j or (u.starving and ready - j < self.prebuffer_frames)):
+                # underrun: the speaker is late. A gap goes in here (idle frame, silence) and
+                # grows until a prebuffer's worth is ready again, like a jitter buffer refilling.
+                u.starving = True
+                u.add_gap(k)
+                u = None
+                m = 1
+            else:
+                u.starving = False
         if u is None:
             return (self._gen, "idle", k, m, None, self.stream, self._idle)
-        assert u.start_frame is not None
-        driving = u.driving(k - u.start_frame, m, self)
+        driving = u.driving(j, m, self)
         m = int(driving.shape[0])
         self.stats.speech_frames += m
         return (self._gen, "speech", k, m, driving, self.stream, None)
@@ -733,13 +771,20 @@ class LiveSession:
             if u is not None and u.start_frame is None:
                 self._maybe_start(u)
             if u is not None and u.start_frame is not None:
-                a0 = self.clock.frame_sample(u.start_frame)
-                lo, hi = max(s, a0), s + n
-                if u.total_frames is not None:
-                    hi = min(hi, a0 + u.out.count)
-                if hi > lo:
-                    out[lo - s : hi - s] = u.audio(lo - a0, hi - a0)
-                u.out.release_before(s + n - a0)
+                c = self.clock
+                kf = c.frame_of_sample(s + 1) - 1  # the frame holding sample s
+                pos, stop = s, s + n
+                last_local = None
+                while pos < stop:
+                    seg_end = min(stop, c.frame_sample(kf + 1))
+                    if kf >= u.start_frame:
+                        i = u.local_sample(pos, kf)
+                        if i is not None:
+                            out[pos - s : seg_end - s] = u.out.read(i, i + seg_end - pos)
+                            last_local = i + seg_end - pos
+                    pos, kf = seg_end, kf + 1
+                if last_local is not None:
+                    u.out.release_before(last_local)
             self._as = max(self._as, s + n)
             self.stats.audio_samples_out += n
             self._retire()
@@ -784,7 +829,7 @@ class IdleFrames:
         if packet.n_frames * w * h * 3 // 2 > cls.BUDGET:
             return None
         probe = engine.idle_driving(2)
-        if probe is not None and not bool(torch.all(probe == probe[:1])):
+        if probe is not None and not torch.allclose(probe[1:], probe[:1], rtol=0, atol=0, equal_nan=True):
             return None  # idle motion changes over time: not cacheable by loop index
         from pathlib import Path
 
