@@ -55,7 +55,7 @@ except ImportError:  # pragma: no cover
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from newsstudio.accel import StaticBatchRunner, cast_, channels_last, convert_linears_to_fp8_, fp8_supported, tf32
-from newsstudio.accel.precision import dtype_name, parse_dtype, to_channels_last_
+from newsstudio.accel.precision import parse_dtype, to_channels_last_
 from newsstudio.weights.seeded import fill_seeded_
 
 from .common import machine
@@ -427,14 +427,17 @@ def run_network(net: Net, args, device: torch.device, half: str, peak: dict[str,
                 to_channels_last_(m)
             n8 = None
             if lv.fp8:
-                n8 = convert_linears_to_fp8_(m, filter=net.fp8_filter)
+                n8 = convert_linears_to_fp8_(m, filter=net.fp8_filter, granularity=args.fp8_granularity)
                 if n8 == 0:
                     raise RuntimeError("no linear layer converted to FP8")
             m.n8 = n8  # type: ignore[attr-defined]
             models[key] = m.eval().requires_grad_(False)
         return models[key], getattr(models[key], "n8", None)
 
+    wanted = [w.strip() for w in (args.levers or "").split(",") if w.strip()]
     for lv in levers_for(net, half):
+        if wanted and not lv.reference and not any(w in lv.name for w in wanted):
+            continue
         row = Row(lv.name, batch)
         rows.append(row)
         elapsed = time.perf_counter() - t_start
@@ -557,7 +560,7 @@ def table(name: str, res: dict[str, Any]) -> str:
              "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in res["rows"]:
         if r["status"] != "ok":
-            lines.append(f"| {r['lever']} | {r['batch']} | {r['status']} | | | | | | {r['note']} |")
+            lines.append(f"| {r['lever']} | {r['batch']} | {r['status']} | | | | | | {r['note'][:90]} |")
             continue
         lines.append(
             f"| {r['lever']} | {r['batch']} | {_f(r['fps'], ',.1f')} | {_f(r['ms'], '.2f')} | "
@@ -591,8 +594,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile-mode", default="default",
                     help="torch.compile mode of the compile rows (default 'default': no autotuning, fits the "
                          "time budget; 'max-autotune-no-cudagraphs' autotunes)")
-    ap.add_argument("--cudagraph-compile-mode", default=None, choices=[None, "reduce-overhead", "max-autotune"],
+    ap.add_argument("--cudagraph-compile-mode", default=None, choices=["reduce-overhead", "max-autotune"],
                     help="compile+cudagraph through torch.compile's own CUDA graphs instead of a manual capture")
+    ap.add_argument("--levers", default=None,
+                    help="only levers whose name contains one of these comma-separated words (fp32 eager always runs)")
+    ap.add_argument("--fp8-granularity", default="tensor", choices=["tensor", "row"],
+                    help="FP8 weight/activation scales: one per tensor (default) or per row")
     ap.add_argument("--cache-dir", default=None, help="Inductor cache folder (default ~/.cache/newsstudio/inductor)")
     ap.add_argument("--budget", type=float, default=450.0, help="seconds; compile rows stop at 70%%, all at 100%%")
     ap.add_argument("--device", default=None, help="cuda (default when present) or cpu")

@@ -183,6 +183,18 @@ def test_fp8_linear_forced_on_cpu_matches_reference(gran, dtype):
     assert relerr(y.float(), lin(x).float().detach()) < 6e-2
 
 
+@pytest.mark.skipif(not has_scaled_mm(), reason="torch without _scaled_mm")
+def test_fp8_linear_traces_as_one_graph():
+    """No graph break in the forward (the compile levers need it): fake-tensor tracing included."""
+    torch.manual_seed(7)
+    layer = to_fp8(nn.Linear(32, 16).to(torch.bfloat16), force=True)
+    x = torch.randn(2, 3, 32, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    out = torch.compile(layer, backend="aot_eager", fullgraph=True, dynamic=False)(x)
+    assert torch.equal(out, layer(x))
+    torch._dynamo.reset()
+
+
 def test_fp8_conversion_is_a_noop_on_cpu():
     torch.manual_seed(4)
     net = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 24), nn.Linear(24, 16))

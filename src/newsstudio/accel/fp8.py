@@ -134,7 +134,7 @@ class Fp8Linear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features, device=device, dtype=dtype), requires_grad=False) if bias else None
         # Output dtypes for which _scaled_mm takes the bias itself (probed once per device at
         # conversion, outside any compiled region); otherwise the bias is added afterwards.
-        self.fused_bias_dtypes: frozenset[torch.dtype] = frozenset()
+        self.fused_bias_dtypes: tuple[torch.dtype, ...] = ()
 
     @classmethod
     @torch.no_grad()
@@ -147,7 +147,7 @@ class Fp8Linear(nn.Module):
         m.weight_scale.copy_(s.reshape(m.weight_scale.shape))
         if linear.bias is not None:
             m.bias.copy_(linear.bias.detach())
-            m.fused_bias_dtypes = fused_bias_dtypes(w.device)
+            m.fused_bias_dtypes = tuple(sorted(fused_bias_dtypes(w.device), key=str))
         return m.train(linear.training)
 
     def dequantized_weight(self) -> torch.Tensor:
