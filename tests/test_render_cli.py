@@ -1,0 +1,40 @@
+"""`newsstudio render` with the default (classic) engine: a real MP4 a user can open."""
+from __future__ import annotations
+
+import math
+
+import av
+from typer.testing import CliRunner
+
+from newsstudio.builtin import builtin_audio
+from newsstudio.cli import app
+from newsstudio.media.audio import load_audio
+
+
+def test_render_writes_a_frame_exact_mp4_with_audio(tmp_path, astronaut_packet):
+    out = tmp_path / "anchor.mp4"
+    audio = builtin_audio("builtin:hello")
+    r = CliRunner().invoke(app, ["render", "--avatar", str(astronaut_packet.path), "--audio", str(audio), "-o", str(out), "--fps", "30", "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    assert "engine classic" in r.output and "first frame" in r.output
+    src = load_audio(audio)
+    expected = math.ceil(src.num_samples * 30 / src.sample_rate)
+    with av.open(str(out)) as c:
+        v = c.streams.video[0]
+        a = c.streams.audio[0]
+        assert (v.codec_context.name, v.format.name) == ("h264", "yuv420p")
+        assert float(v.average_rate) == 30
+        n = sum(1 for _ in c.decode(video=0))
+    assert n == expected
+    dur = load_audio(out).duration_s
+    assert abs(dur - src.duration_s) <= 1 / 30 + 1e-3, (dur, src.duration_s)
+    assert list(tmp_path.iterdir()) == [out], "no temp files may be left next to the output"
+
+
+def test_bad_audio_fails_cleanly_and_writes_nothing(tmp_path, astronaut_packet):
+    bad = tmp_path / "broken.wav"
+    bad.write_bytes(b"RIFF\x00\x00\x00\x00WAVEgarbage")
+    out = tmp_path / "x.mp4"
+    r = CliRunner().invoke(app, ["render", "--avatar", str(astronaut_packet.path), "--audio", str(bad), "-o", str(out), "--device", "cpu"])
+    assert r.exit_code == 2 and "error:" in r.output and "broken.wav" in r.output, r.output
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["broken.wav"]
