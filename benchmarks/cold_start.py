@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import glob
 import json
-import os
 import pickle
 import statistics
 import tempfile

@@ -21,7 +21,7 @@ def test_render_writes_a_frame_exact_mp4_with_audio(tmp_path, astronaut_packet):
     expected = math.ceil(src.num_samples * 30 / src.sample_rate)
     with av.open(str(out)) as c:
         v = c.streams.video[0]
-        a = c.streams.audio[0]
+        assert c.streams.audio, "the MP4 must carry the audio"
         assert (v.codec_context.name, v.format.name) == ("h264", "yuv420p")
         assert float(v.average_rate) == 30
         n = sum(1 for _ in c.decode(video=0))

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
 from ..compose.colour import rgb_to_nv12
@@ -108,7 +107,7 @@ def prebake(
         roi_mask = np.empty((n, rh, rw), np.uint8)
         out_rgb_iter = (framing.apply(f) for f in frames_src)
         for i, rgb in enumerate(tqdm(out_rgb_iter, total=n, desc="prebake", unit="f", disable=not progress)):
-            nv12[i] = rgb_to_nv12(torch.from_numpy(np.ascontiguousarray(rgb))[None]).numpy()[0]
+            nv12[i] = rgb_to_nv12(rgb[None]).numpy()[0]  # numpy in: copied when read-only
             x0, y0 = origins[i]
             roi_rgb[i] = rgb[y0 : y0 + rh, x0 : x0 + rw]
             roi_mask[i] = lower_face_mask(lm68[i], origins[i], roi_size)
