@@ -272,14 +272,18 @@ def serve(
     weights: str = typer.Option("official"),
     models: Optional[Path] = ModelsOpt,
     avatars: Optional[Path] = AvatarsOpt,
-    max_sessions: int = typer.Option(8),
+    max_sessions: int = typer.Option(8, help="Live sessions at once; more are refused with 429."),
+    fps: float = typer.Option(25.0, help="Frame rate of live sessions."),
+    clips: Optional[Path] = typer.Option(None, help="Folder for rendered clips (default clips/ beside the avatars, or $NEWSSTUDIO_CLIPS)."),
+    max_upload_mb: int = typer.Option(200, help="Largest accepted upload (audio or avatar source), MB."),
 ) -> None:
     """Start the HTTP/WebSocket/WebRTC server with the web page at /."""
     import uvicorn
 
     from .server.app import ServerConfig, create_app
 
-    cfg = ServerConfig(engine=engine, device=device, weights=weights, models=models, avatars=avatars, max_sessions=max_sessions)
+    cfg = ServerConfig(engine=engine, device=device, weights=weights, models=models, avatars=avatars, max_sessions=max_sessions,
+                       fps=fps, clips=clips, max_upload_bytes=max_upload_mb << 20)
     uvicorn.run(create_app(cfg), host=host, port=port, log_level="info")
 
 

@@ -8,7 +8,7 @@ RGB crops, feathered masks), and, on request, each engine's own tensors (the eng
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from .landmarks import FaceLandmarks, NoFaceError, detect_sequence, get_backend
 from .packet import Packet, PacketWriter
 from .store import packet_dir, source_digest, validate_id
 
+ProgressCallback = Callable[[str, int, "int | None"], None]
 DEFAULT_MAX_FRAMES = 750  # 30 s at 25 fps: a loop longer than that is rarely useful and costs memory
 PHOTO_FPS = 25.0
 
@@ -41,11 +42,20 @@ def prebake(
     progress: bool = True,
     engine_kwargs: dict[str, Any] | None = None,
     faces: Sequence[FaceLandmarks] | None = None,
+    progress_cb: ProgressCallback | None = None,
 ) -> Packet:
     """Build (or rebuild) the packet `avatar_id` from `source`; returns it opened.
 
     `faces`: landmarks detected earlier for exactly these source frames (see landmarks_io);
-    detection is skipped then."""
+    detection is skipped then. `progress_cb(stage, done, total)` is told about every frame of
+    each stage ("decode", "landmarks", "prebake"), e.g. for a server job's progress."""
+
+    def stage(items: Iterable, desc: str, total: int | None, leave: bool = False) -> Iterator:
+        for i, x in enumerate(tqdm(items, total=total, desc=desc, unit="f", disable=not progress, leave=leave)):
+            yield x
+            if progress_cb is not None:
+                progress_cb(desc, i + 1, total)
+
     validate_id(avatar_id)
     src = Path(source)
     if not src.is_file():
@@ -58,7 +68,7 @@ def prebake(
         info = probe_video(src)
         fps = float(info.fps)
         n = min(info.frame_count or max_frames, max_frames)
-        frames_src = list(tqdm(iter_video_frames(src, limit=max_frames), total=n, desc="decode", unit="f", disable=not progress, leave=False))
+        frames_src = list(stage(iter_video_frames(src, limit=max_frames), "decode", n))
         if not frames_src:
             raise ValueError(f"{src}: the video holds no decodable frames")
     sh, sw = frames_src[0].shape[:2]
@@ -79,7 +89,7 @@ def prebake(
     else:
         backend = get_backend(landmarks)
         backend_name = backend.name
-        frames_iter = tqdm(frames_src, desc="landmarks", unit="f", disable=not progress, leave=False)
+        frames_iter = stage(frames_src, "landmarks", len(frames_src))
         faces = detect_sequence(frames_iter, policy=no_face, backend=backend, fps=fps)
     lm68 = np.stack([framing.points(f.lm68) for f in faces]).astype(np.float32)
     mesh = np.stack([framing.points(f.mesh) for f in faces]).astype(np.float32)
@@ -106,7 +116,7 @@ def prebake(
         roi_rgb = np.empty((n, rh, rw, 3), np.uint8)
         roi_mask = np.empty((n, rh, rw), np.uint8)
         out_rgb_iter = (framing.apply(f) for f in frames_src)
-        for i, rgb in enumerate(tqdm(out_rgb_iter, total=n, desc="prebake", unit="f", disable=not progress)):
+        for i, rgb in enumerate(stage(out_rgb_iter, "prebake", n, leave=True)):
             nv12[i] = rgb_to_nv12(rgb[None]).numpy()[0]  # numpy in: copied when read-only
             x0, y0 = origins[i]
             roi_rgb[i] = rgb[y0 : y0 + rh, x0 : x0 + rw]

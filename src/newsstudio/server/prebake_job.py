@@ -1,75 +1,26 @@
 """Prebake as a background job, with progress a client can poll.
 
-`newsstudio.avatar.prebake.prebake` reports progress through tqdm bars (decode, landmarks,
-prebake). While a job runs, those bars are swapped for one that forwards to the job; prebake
-jobs run one at a time (a single worker), so the swap is never shared by two jobs."""
+`newsstudio.avatar.prebake.prebake` reports each stage (decode, landmarks, prebake) frame by
+frame through its `progress_cb`, which is mapped here onto the job's overall fraction."""
 from __future__ import annotations
 
-import threading
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from .jobs import Job, JobError
 
 _STAGES = {"decode": (0.02, 0.30), "landmarks": (0.30, 0.70), "prebake": (0.70, 0.97)}
-_swap_lock = threading.Lock()
 
 
-class _JobBar:
-    job: Job | None = None
+def _reporter(job: Job):
+    """prebake's progress callback -> the job's overall fraction and message."""
 
-    def __init__(self, iterable=None, total=None, desc=None, **_: Any):
-        self.iterable = iterable
-        self.total = total if total is not None else (len(iterable) if hasattr(iterable, "__len__") else None)
-        self.desc = desc or "working"
-        self.n = 0
-        self._report()
+    def report(stage: str, done: int, total: int | None) -> None:
+        lo, hi = _STAGES.get(stage, (job.progress, job.progress))
+        frac = done / total if total else 0.0
+        job.update(lo + (hi - lo) * min(1.0, frac), f"{stage} {done}/{total or '?'}")
 
-    def _report(self) -> None:
-        job = type(self).job
-        if job is None:
-            return
-        lo, hi = _STAGES.get(self.desc, (job.progress, job.progress))
-        frac = (self.n / self.total) if self.total else 0.0
-        job.update(lo + (hi - lo) * min(1.0, frac), f"{self.desc} {self.n}/{self.total or '?'}")
-
-    def __iter__(self):
-        for x in self.iterable:
-            yield x
-            self.n += 1
-            self._report()
-
-    def update(self, n: int = 1) -> None:
-        self.n += n
-        self._report()
-
-    def close(self) -> None:
-        pass
-
-    def set_postfix(self, *a: Any, **k: Any) -> None:
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        pass
-
-
-@contextmanager
-def _progress_to(job: Job):
-    from ..avatar import prebake as mod
-
-    with _swap_lock:
-        saved = mod.tqdm
-        mod.tqdm = _JobBar
-        _JobBar.job = job
-        try:
-            yield
-        finally:
-            mod.tqdm = saved
-            _JobBar.job = None
+    return report
 
 
 def run_prebake(job: Job, source: Path, avatar_id: str, root: Path, size: tuple[int, int] | None, fit: str) -> dict[str, Any]:
@@ -79,8 +30,7 @@ def run_prebake(job: Job, source: Path, avatar_id: str, root: Path, size: tuple[
 
     job.update(0.01, "decode")
     try:
-        with _progress_to(job):
-            packet = prebake(source, avatar_id, root=root, size=size, fit=fit, progress=True)
+        packet = prebake(source, avatar_id, root=root, size=size, fit=fit, progress=False, progress_cb=_reporter(job))
     except NoFaceError as e:
         raise JobError(f"no face found in the upload: {e}") from None
     except (MediaError, ValueError) as e:

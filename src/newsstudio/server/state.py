@@ -26,7 +26,7 @@ from .tts import EspeakTts
 
 @dataclass
 class ServerConfig:
-    """Settings of `newsstudio serve` (the CLI passes the first seven)."""
+    """Settings of `newsstudio serve` (the CLI passes the first ten)."""
 
     engine: str = "auto"
     device: str | None = None
