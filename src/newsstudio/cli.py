@@ -272,7 +272,7 @@ def serve(
     weights: str = typer.Option("official"),
     models: Optional[Path] = ModelsOpt,
     avatars: Optional[Path] = AvatarsOpt,
-    max_sessions: int = typer.Option(8, help="Live sessions at once; more are refused with 429."),
+    max_sessions: int = typer.Option(8, help="Live sessions at once; more are refused (503, Retry-After)."),
     fps: float = typer.Option(25.0, help="Frame rate of live sessions."),
     clips: Optional[Path] = typer.Option(None, help="Folder for rendered clips (default clips/ beside the avatars, or $NEWSSTUDIO_CLIPS)."),
     max_upload_mb: int = typer.Option(200, help="Largest accepted upload (audio or avatar source), MB."),
