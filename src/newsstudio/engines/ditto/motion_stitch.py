@@ -193,10 +193,19 @@ class _Pose:
         return p
 
 
+_ROW_MASKS: dict[tuple, Tensor] = {}
+
+
 def _rows_mask(rows: Sequence[int], device: torch.device, dtype: torch.dtype) -> Tensor:
-    m = torch.zeros(NUM_KP, 3, device=device, dtype=dtype)
-    m[list(rows)] = 1
-    return m.reshape(1, -1)
+    """1 on the given keypoint rows (x, y, z each), as [1, 63]; cached per device so the render
+    path does not upload a fresh mask (a host-to-device copy, i.e. a stall) every batch."""
+    key = (tuple(rows), str(device), dtype)
+    m = _ROW_MASKS.get(key)
+    if m is None:
+        m = torch.zeros(NUM_KP, 3, device=device, dtype=dtype)
+        m[list(rows)] = 1
+        m = _ROW_MASKS[key] = m.reshape(1, -1)
+    return m
 
 
 def _broadcast_info(info: Mapping[str, Tensor], n: int) -> Info:
@@ -302,10 +311,13 @@ class MotionStitcher:
 
     @staticmethod
     def _ctrl_column(ctrls: Sequence[Mapping[str, object]], key: str, default: float, like: Tensor) -> tuple[Tensor, Tensor, bool]:
-        """(values [n], present [n] bool, any present) of one ctrl kwarg over the frames."""
-        vals = [float(c.get(key, default)) for c in ctrls]  # type: ignore[arg-type]
+        """(values [n], present [n] bool, any present) of one ctrl kwarg over the frames; when no
+        frame carries it, nothing is built on the device (the common case costs no upload)."""
         has = [key in c for c in ctrls]
-        return torch.tensor(vals, device=like.device, dtype=like.dtype), torch.tensor(has, device=like.device), any(has)
+        if not any(has):
+            return like.new_full((len(ctrls),), default), torch.zeros(len(ctrls), dtype=torch.bool, device=like.device), False
+        vals = [float(c.get(key, default)) for c in ctrls]  # type: ignore[arg-type]
+        return torch.tensor(vals, device=like.device, dtype=like.dtype), torch.tensor(has, device=like.device), True
 
     def __call__(
         self,
@@ -339,9 +351,10 @@ class MotionStitcher:
         x_d = self._mix(x_s, x_d)
         x_d["exp"], blink = self._exp_rows(x_d["exp"], x_s["exp"], n)
 
-        vad, has_vad, _ = self._ctrl_column(ctrls, "vad_alpha", 1.0, ref)
-        use_vad = (has_vad & (vad < 1))[:, None]
-        x_d["exp"] = torch.where(use_vad, x_d["exp"] * vad[:, None] + x_s["exp"] * (1 - vad[:, None]), x_d["exp"])
+        vad, has_vad, any_vad = self._ctrl_column(ctrls, "vad_alpha", 1.0, ref)
+        if any_vad:
+            use_vad = (has_vad & (vad < 1))[:, None]
+            x_d["exp"] = torch.where(use_vad, x_d["exp"] * vad[:, None] + x_s["exp"] * (1 - vad[:, None]), x_d["exp"])
 
         poses = {k: _Pose(x_d[k]) for k in POSE_KEYS}
         for k in POSE_KEYS:  # delta first (switches to degrees), then alpha
