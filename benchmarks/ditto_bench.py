@@ -105,16 +105,10 @@ def reference_figures(engine, packet, seconds: float, repeat: int, workdir: Path
 
 
 def cold_start_figures(packet, source_pickle: Path, repeat: int, official_repeat: int) -> dict[str, Any]:
-    from .cold_start import open_ours, timeit
+    from .cold_start import compare
     from .ditto_reference import load_source
 
-    load_source(source_pickle)  # page cache warm for both
-    open_ours(packet.path)
-    ours = timeit(lambda: open_ours(packet.path), repeat)
-    theirs = timeit(lambda: load_source(source_pickle), official_repeat)
-    res = {"ours_ms": median(ours) * 1e3, "official_ms": median(theirs) * 1e3}
-    res["ratio"] = res["official_ms"] / res["ours_ms"]
-    return res
+    return compare(packet.path, lambda: load_source(source_pickle), repeat, official_repeat)
 
 
 def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, workdir: Path, quick: bool = False, *,

@@ -149,15 +149,9 @@ def reference_figures(engine, packet, audio_path: Path, warm_audio: Path, fps: i
 
 
 def cold_start_figures(packet, folder: Path, repeat: int, official_repeat: int) -> dict[str, Any]:
-    from .cold_start import load_official, open_ours, timeit
+    from .cold_start import compare, load_official
 
-    load_official(folder)  # page cache warm for both
-    open_ours(packet.path)
-    ours = timeit(lambda: open_ours(packet.path), repeat)
-    theirs = timeit(lambda: load_official(folder), official_repeat)
-    res = {"ours_ms": median(ours) * 1e3, "official_ms": median(theirs) * 1e3}
-    res["ratio"] = res["official_ms"] / res["ours_ms"]
-    return res
+    return compare(packet.path, lambda: load_official(folder), repeat, official_repeat)
 
 
 def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, workdir: Path, quick: bool = False, *,

@@ -14,14 +14,16 @@ Incremental stages share one small interface (`FrameQueue`): `push`, `close`, `r
 """
 from __future__ import annotations
 
+import sys
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..avatar.packet import Packet
+from ..avatar.packet import Packet, PacketError, open_packet
 
 
 class FrameQueue(ABC):
@@ -139,6 +141,26 @@ class Engine(ABC):
     def prebake(self, packet: Packet, progress: bool = True) -> Packet:
         """Add this engine's precomputed tensors to the packet (no-op when present)."""
         return packet
+
+    def usable_packet(self, packet: Packet, mismatch: Callable[[Packet], str | None], reprebake: bool = True) -> Packet:
+        """The packet with this engine's arrays usable by these weights/options.
+
+        `mismatch(packet)` says why the stored arrays cannot be used (None = they can). The
+        caller's view may be stale, so the packet on disk is looked at first; arrays made for
+        other weights are recomputed when `reprebake`, else refused with a clear error."""
+        why = mismatch(packet)
+        if why is None:
+            return packet
+        fresh = open_packet(packet.path)
+        if mismatch(fresh) is None:
+            return fresh
+        had = packet.engine_meta(self.name) is not None
+        if had and not reprebake:
+            raise PacketError(f"avatar {packet.id!r} ({packet.path}): {why}. Prebake it again for this engine "
+                              f"(`newsstudio prebake SOURCE --engines {self.name}`) or allow re-prebaking.")
+        if had:
+            print(f"{self.name}: re-prebaking avatar {packet.id!r}: {why}", file=sys.stderr)
+        return self.prebake(packet, progress=True, force=True)  # type: ignore[call-arg]
 
     def idle_driving(self, n: int) -> torch.Tensor | None:
         """Driving signal for `n` silent frames, or None to show the avatar frames unchanged."""

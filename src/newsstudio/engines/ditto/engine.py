@@ -58,7 +58,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...avatar.packet import Packet, PacketError, open_packet
+from ...avatar.packet import Packet, PacketError
 from ...compose.splice import sample_crops_to_roi
 from ..base import AvatarLayer, Engine, FrameQueue, TensorFrameQueue, pingpong_index
 from .config import DittoConfig, load_config
@@ -361,19 +361,7 @@ class DittoEngine(Engine):
     def load_avatar(self, packet: Packet) -> AvatarLayer:
         with self._lock:
             expected = self.expected_meta()
-            why = prebake_mismatch(packet, expected)
-            if why is not None:
-                fresh = open_packet(packet.path)  # the caller's view may be stale
-                if prebake_mismatch(fresh, expected) is None:
-                    packet, why = fresh, None
-            if why is not None:
-                had = packet.engine_meta("ditto") is not None
-                if had and not self.reprebake:
-                    raise PacketError(f"avatar {packet.id!r} ({packet.path}): {why}. Prebake it again for this engine "
-                                      "(`newsstudio prebake SOURCE --engines ditto`) or allow re-prebaking.")
-                if had:
-                    print(f"ditto: re-prebaking avatar {packet.id!r}: {why}", file=sys.stderr)
-                packet = self.prebake(packet, progress=True, force=True)
+            packet = self.usable_packet(packet, lambda p: prebake_mismatch(p, expected), self.reprebake)
             key = str(Path(packet.path).resolve())
             sha = packet.specs["ditto/f_s"].sha256 + packet.specs["ditto/grid"].sha256
             cached = self._layers.get(key)

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from ...audio.source import as_fraction, frames_for_samples
-from ...avatar.packet import Packet, PacketError, open_packet
+from ...avatar.packet import Packet, PacketError
 from ..base import AvatarLayer, Engine, FrameQueue, TensorFrameQueue
 from .audio_features import SAMPLE_RATE, PositionalEncoding, StreamingAudioFeatures, audio_prompts
 from .prebake import PrebakeOptions, prebake_mismatch, prebake_musetalk, resize_into_boxes, vae_fingerprint
@@ -338,19 +338,7 @@ class MuseTalkEngine(Engine):
     def load_avatar(self, packet: Packet) -> AvatarLayer:
         with self._lock:
             expected = self.expected_meta()
-            why = prebake_mismatch(packet, expected)
-            if why is not None:  # the caller's view may be stale: look at the packet on disk
-                fresh = open_packet(packet.path)
-                if prebake_mismatch(fresh, expected) is None:
-                    packet, why = fresh, None
-            if why is not None:
-                had = packet.engine_meta("musetalk") is not None
-                if had and not self.reprebake:
-                    raise PacketError(f"avatar {packet.id!r} ({packet.path}): {why}. Prebake it again for this engine "
-                                      "(`newsstudio prebake SOURCE --engines musetalk`) or allow re-prebaking.")
-                if had:
-                    print(f"musetalk: re-prebaking avatar {packet.id!r}: {why}", file=sys.stderr)
-                packet = self.prebake(packet, progress=True, force=True)
+            packet = self.usable_packet(packet, lambda p: prebake_mismatch(p, expected), self.reprebake)
             key = str(Path(packet.path).resolve())
             sha = "/".join(packet.specs[a].sha256 for a in ("musetalk/latents", "musetalk/mask", "musetalk/boxes"))
             cached = self._layers.get(key)
