@@ -41,13 +41,13 @@ import contextlib
 import importlib.util
 import math
 import os
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from . import native_log
 from .landmarks_68 import MESH_BROW_MID, MESH_CHIN, MESH_INNER_LIP_PAIRS, mesh_to_lm68
 
 # Must be set before MediaPipe's native code initialises logging (harmless if already set).
@@ -174,31 +174,10 @@ def _as_rgb(image: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
-@contextlib.contextmanager
-def _quiet_native_stderr(enabled: bool = True):
-    """Route fd 2 to a temp file (native MediaPipe/TFLite log lines); replay it on error."""
-    if not enabled:
-        yield
-        return
-    try:
-        saved = os.dup(2)
-    except OSError:  # no usable fd 2: nothing to protect
-        yield
-        return
-    with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield
-        except BaseException:
-            os.dup2(saved, 2)
-            sink.seek(0)
-            text = sink.read()
-            if text:
-                os.write(2, text)
-            raise
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+def _quiet_native_stderr() -> None:
+    """MediaPipe logs from its own threads at any moment: filter fd 2 for the process (see
+    native_log) before the first graph starts."""
+    native_log.install()
 
 
 def format_frame_ranges(indices: Iterable[int]) -> str:
@@ -316,30 +295,27 @@ class _MeshGraph:
         from mediapipe.python.solution_base import SolutionBase
         from mediapipe.python.solutions import face_mesh as mp_face_mesh
 
-        # Models load lazily on the first faces; keep fd 2 quiet until a few calls found one.
-        self._quiet_calls = 3
-        with _quiet_native_stderr():
-            self._graph = SolutionBase(
-                binary_graph_path=mp_face_mesh._BINARYPB_FILE_PATH,
-                side_inputs={"num_faces": 1, "with_attention": refine,
-                             "use_prev_landmarks": video},
-                calculator_params={
-                    "facedetectionshortrangecpu__facedetectionshortrange__facedetection__"
-                    "TensorsToDetectionsCalculator.min_score_thresh": min_det,
-                    "facelandmarkcpu__ThresholdingCalculator.threshold": min_track,
-                },
-                outputs=["multi_face_landmarks", "face_detections"])
+        _quiet_native_stderr()
+        self._graph = SolutionBase(
+            binary_graph_path=mp_face_mesh._BINARYPB_FILE_PATH,
+            side_inputs={"num_faces": 1, "with_attention": refine,
+                         "use_prev_landmarks": video},
+            calculator_params={
+                "facedetectionshortrangecpu__facedetectionshortrange__facedetection__"
+                "TensorsToDetectionsCalculator.min_score_thresh": min_det,
+                "facelandmarkcpu__ThresholdingCalculator.threshold": min_track,
+            },
+            outputs=["multi_face_landmarks", "face_detections"])
         self.last_score = 0.0
 
     def process(self, rgb: np.ndarray) -> np.ndarray | None:
         """(N, 2) float32 pixel mesh of the face in ``rgb``, or None."""
-        with _quiet_native_stderr(self._quiet_calls > 0):
-            out = self._graph.process({"image": rgb})
+        _quiet_native_stderr()
+        out = self._graph.process({"image": rgb})
         if out.face_detections:
             self.last_score = float(out.face_detections[0].score[0])
         if not out.multi_face_landmarks:
             return None
-        self._quiet_calls = max(self._quiet_calls - 1, 0)
         h, w = rgb.shape[:2]
         lms = out.multi_face_landmarks[0].landmark
         mesh = np.fromiter((c for p in lms for c in (p.x, p.y)), np.float32, 2 * len(lms))
@@ -379,7 +355,6 @@ class MediaPipeFaceMesh:
         self.d_cutoff = d_cutoff
         self._static: _MeshGraph | None = None
         self._full_range = None
-        self._full_range_loaded = False
 
     # -- plumbing
     def _graph(self, video: bool) -> _MeshGraph:
@@ -396,14 +371,13 @@ class MediaPipeFaceMesh:
         """Crop window around the most confident full-range detection, or None."""
         if self._full_range is None:
             from mediapipe.python.solutions import face_detection as mp_fd
-            with _quiet_native_stderr():
-                self._full_range = mp_fd.FaceDetection(
-                    model_selection=1, min_detection_confidence=self.min_detection_confidence)
-        with _quiet_native_stderr(not self._full_range_loaded):
-            out = self._full_range.process(rgb)
+            _quiet_native_stderr()
+            self._full_range = mp_fd.FaceDetection(
+                model_selection=1, min_detection_confidence=self.min_detection_confidence)
+        _quiet_native_stderr()
+        out = self._full_range.process(rgb)
         if not out.detections:
             return None
-        self._full_range_loaded = True
         det = max(out.detections, key=lambda d: d.score[0])
         bb = det.location_data.relative_bounding_box
         h, w = rgb.shape[:2]
