@@ -1,5 +1,6 @@
 """The web page in real headless Chromium: connect over WebRTC, speak an uploaded file, see
-and hear it, interrupt it. Skipped (with the reason) where /usr/bin/chromium is absent."""
+and hear it, interrupt it; stream the (fake, file-fed) microphone live. Skipped (with the
+reason) where /usr/bin/chromium is absent."""
 from __future__ import annotations
 
 import asyncio
@@ -14,12 +15,13 @@ import pytest
 
 from newsstudio.server.app import ServerConfig, create_app
 
-from conftest import MEDIA_DIR
+from conftest import MEDIA_DIR, media_path
 from test_server import ServerThread
 
 CHROMIUM = "/usr/bin/chromium"
 HELLO = Path(__file__).resolve().parents[1] / "src" / "newsstudio" / "assets" / "hello.flac"
 SCREENSHOT = Path("/tmp/newsstudio_page.png")
+LIVE_SCREENSHOT = Path("/tmp/newsstudio_live_mic.png")
 ARGS = [
     "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -186,3 +188,168 @@ def test_page_connects_speaks_and_interrupts(site):
     assert r["active"] == 0
     assert SCREENSHOT.is_file() and SCREENSHOT.stat().st_size > 20_000
     print(f"interrupt -> mouth still after {r['stop_video_ms']:.0f} ms, silence after {r['stop_audio_ms']:.0f} ms; page stats {st}")
+
+
+def fake_mic_wav(tmp_path: Path) -> Path:
+    """Speech for Chromium's fake microphone (--use-file-for-fake-audio-capture): the real
+    recording from ../shared/media when present, else the bundled clip, as 48 kHz mono s16 WAV."""
+    import av
+
+    src = media_path("speech.wav") if (MEDIA_DIR / "speech.wav").is_file() else HELLO
+    out = tmp_path / "mic.wav"
+    resampler = av.AudioResampler(format="s16", layout="mono", rate=48000)
+    with av.open(str(src)) as inp, av.open(str(out), "w", format="wav") as wav:
+        stream = wav.add_stream("pcm_s16le", rate=48000, layout="mono")
+        for frame in inp.decode(audio=0):
+            frame.pts = None
+            for f in resampler.resample(frame):
+                wav.mux(stream.encode(f))
+        for f in resampler.resample(None):
+            wav.mux(stream.encode(f))
+        wav.mux(stream.encode(None))
+    return out
+
+
+def test_page_streams_the_live_microphone(site, tmp_path):
+    """Live mic: 20 ms PCM frames from an AudioWorklet reach the session's audio socket while the
+    mic is on; the presenter speaks (sound and mouth) before the user stops; stopping ends the
+    utterance (back to idle); talking over the presenter barges in."""
+    from playwright.async_api import async_playwright
+
+    wav = fake_mic_wav(tmp_path)
+    args = ARGS + [f"--use-file-for-fake-audio-capture={wav}"]
+
+    def info(sid):
+        return httpx.get(f"{site.url}/sessions/{sid}").json()
+
+    async def run():
+        profile = tempfile.mkdtemp(prefix="ns-chromium-")
+        try:
+            async with async_playwright() as p:
+                ctx = await p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, args=args, headless=True, viewport={"width": 1360, "height": 860})
+                page = ctx.pages[0] if ctx.pages else await ctx.new_page()
+                errors = []
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                await page.goto(site.url + "/")
+                await page.wait_for_selector(".avatar[aria-selected='true']")
+                await page.click(".tab[data-tab='mic']")
+                assert await page.is_disabled("#live-mic"), "live mic enabled without a session"
+                await page.click("#connect")
+                await page.wait_for_function("window.newsstudio.stats.framesDecoded > 110 && window.newsstudio.baseline !== null", timeout=30000)
+                await page.wait_for_function("(() => { const v = window.newsstudio.history.filter(h => h.motion !== null).slice(-25); return v.length === 25 && v.every(h => h.motion < 0.5); })()", timeout=20000)
+                sid = await page.evaluate("window.newsstudio.sessionId")
+                before = info(sid)
+                assert before["state"] == "idle"
+
+                # mic on (a click toggles it)
+                await page.click("#live-mic")
+                await page.wait_for_function("window.newsstudio.mic.phase === 'streaming'", timeout=10000)
+                t_voice = await page.evaluate("window.newsstudio.mic.firstVoiceAt")
+                # the server speaks while the mic is still on
+                samples = []
+                t0 = await page.evaluate("performance.now()")
+                while True:
+                    s = info(sid)
+                    tp, mic, meter = await page.evaluate("[performance.now(), window.newsstudio.mic, parseFloat(document.getElementById('mic-level-fill').style.width)]")
+                    samples.append((tp, s, dict(mic, meter=meter)))
+                    if tp - t0 > 4500:
+                        break
+                    await asyncio.sleep(0.25)
+                await page.screenshot(path=str(LIVE_SCREENSHOT))
+                live_ui = {
+                    "button": await page.text_content("#live-mic"),
+                    "pressed": await page.get_attribute("#live-mic", "aria-pressed"),
+                    "tag_visible": await page.is_visible("#mic-tag"),
+                    "tag": await page.text_content("#mic-tag"),
+                }
+                # mic off: the utterance ends, the presenter plays out what arrived and idles
+                t_stop = await page.evaluate("performance.now()")
+                await page.click("#live-mic")
+                await page.wait_for_function("window.newsstudio.mic.phase === 'off'", timeout=5000)
+                mic_after = await page.evaluate("window.newsstudio.mic")
+                idle_after = None
+                for _ in range(100):
+                    s = info(sid)
+                    if s["state"] == "idle":
+                        idle_after = (await page.evaluate("performance.now()")) - t_stop
+                        break
+                    await asyncio.sleep(0.1)
+                after_stop = info(sid)
+                hist = await page.evaluate("window.newsstudio.history")
+                await asyncio.sleep(1.0)
+                page_state = await page.text_content("#state-text")
+                tag_after = await page.is_visible("#mic-tag")
+
+                # talking over the presenter barges in (the server's rule: new speech cuts it off)
+                await page.click(".tab[data-tab='file']")
+                await page.set_input_files("#file", str(speech_file()))
+                await page.click("#speak-file")
+                for _ in range(100):
+                    if info(sid)["state"] == "speaking":
+                        break
+                    await asyncio.sleep(0.05)
+                file_speaking = info(sid)
+                await page.click(".tab[data-tab='mic']")
+                await page.click("#live-mic")
+                await page.wait_for_function("window.newsstudio.mic.phase === 'streaming'", timeout=10000)
+                await asyncio.sleep(1.0)
+                barged = info(sid)
+                await page.click("#live-mic")
+                await page.wait_for_function("window.newsstudio.mic.phase === 'off'", timeout=5000)
+                for _ in range(100):
+                    if info(sid)["state"] == "idle":
+                        break
+                    await asyncio.sleep(0.1)
+                final = info(sid)
+                events = await page.evaluate("window.newsstudio.events.map(e => e.text)")
+                await page.click("#connect")
+                await ctx.close()
+                return locals()
+        finally:
+            shutil.rmtree(profile, ignore_errors=True)
+
+    r = asyncio.run(run())
+    assert not r["errors"], r["errors"]
+    before, samples, t_voice, t_stop = r["before"], r["samples"], r["t_voice"], r["t_stop"]
+    for tp, s, mic in samples:
+        print(f"{tp - t_voice:7.0f} ms  {s['state']:9s} utt={s['utterances']} speech_frames={s['speech_frames']} underrun={s['underrun_ms']} mic={mic['phase']} sent={mic['framesSent']} db={mic['levelDb']:.0f} meter={mic['meter']:.0f}%")
+    mic = samples[-1][2]
+    # the page streams 20 ms frames of 16-bit PCM at the rate it tells the socket
+    assert mic["sampleRate"] == 48000 and mic["frameSamples"] == 960, mic
+    assert mic["framesSent"] >= 0.7 * (samples[-1][0] - t_voice) / 20, mic
+    assert mic["bytesSent"] == 2 * 960 * mic["framesSent"]
+    # on the server, while the mic was still on: one new streamed utterance, speaking, and
+    # speech frames rendered from it (the upload path would only have started after the stop)
+    assert all(m["phase"] == "streaming" for _, _, m in samples)
+    speaking = [tp for tp, s, _ in samples if s["state"] == "speaking"]
+    assert speaking and speaking[0] - t_voice < 2000, "the presenter did not start speaking while the user talked"
+    last = samples[-1][1]
+    assert last["state"] == "speaking" and last["utterances"] == before["utterances"] + 1, last
+    assert last["speech_frames"] - before["speech_frames"] >= 50, "fewer than 2 s of speech frames rendered while the mic was on"
+    assert not any(e.startswith("Speaking recording") for e in r["events"]), "the live mic fell back to record-and-upload"
+    # the page saw and heard it before the stop: the mouth moved, sound came back
+    hist = r["hist"]
+    t_a = speaking[0] + 300
+    mouth = window(hist, t_a, t_stop, "mouth")
+    motion = window(hist, t_a, t_stop, "motion")
+    rms = window(hist, t_a, t_stop, "rms")
+    print(f"live: mouth p50/p90 {np.percentile(mouth, [50, 90])}, motion p50 {np.median(motion):.2f}, rms>0.02 {np.mean([x > 0.02 for x in rms]):.2f}; idle {r['idle_after']} ms after the stop; ui {r['live_ui']}")
+    assert len(mouth) > 40 and sum(m > 6 for m in mouth) > 0.3 * len(mouth), "the mouth barely opened while the mic streamed"
+    assert np.median(motion) > 1.5, "the mouth barely moved while the mic streamed"
+    assert sum(x > 0.02 for x in rms) > 0.3 * len(rms), "little sound came back while the mic streamed"
+    # a clear LIVE state and a moving input meter
+    ui = r["live_ui"]
+    assert "LIVE" in ui["button"] and ui["pressed"] == "true" and ui["tag_visible"] and "MIC LIVE" in ui["tag"], ui
+    meter = [m["meter"] for _, _, m in samples]
+    assert max(meter) > 50 and max(meter) - min(meter) > 20, f"the input meter did not follow the voice: {meter}"
+    # mic off: speech_end sent, the session idles (what arrived plays out first), nothing new starts
+    assert r["mic_after"]["speechEndSent"] and r["mic_after"]["socket"] == "closed", r["mic_after"]
+    assert r["idle_after"] is not None and r["idle_after"] < 4000, f"session still {r['after_stop']['state']} after the mic stopped"
+    assert r["after_stop"]["utterances"] == last["utterances"]
+    assert r["page_state"] == "Idle" and not r["tag_after"]
+    # barge-in: the live mic over file speech cut it and took over
+    fs, b = r["file_speaking"], r["barged"]
+    assert fs["state"] == "speaking"
+    assert b["barge_ins"] == fs["barge_ins"] + 1 and b["utterances"] == fs["utterances"] + 1 and b["state"] == "speaking", (fs, b)
+    assert r["final"]["state"] == "idle"
+    assert LIVE_SCREENSHOT.is_file() and LIVE_SCREENSHOT.stat().st_size > 20_000

@@ -15,6 +15,7 @@ const ns = (window.newsstudio = {
   events: [],
   baseline: null,
   tts: false,
+  mic: { phase: "off" }, // the live microphone's counters (LiveMic.stats) while one exists
 });
 
 let pc = null;
@@ -28,6 +29,8 @@ let pingTimer = null;
 let probeTimer = null;
 let recorder = null;
 let recChunks = [];
+let liveMic = null;
+const MIC_SUPPORTED = typeof LiveMic !== "undefined" && LiveMic.supported();
 let lastFrames = null;
 
 // ------------------------------------------------------------------ ui helpers
@@ -67,7 +70,9 @@ function setState(state) {
   const live = ["idle", "speaking", "buffering"].includes(state);
   $("interrupt").disabled = !live;
   $("speak-file").disabled = !live || !$("file").files.length;
-  $("record").disabled = !live;
+  const micOn = liveMic !== null;
+  $("record").disabled = !live || micOn;
+  $("live-mic").disabled = !MIC_SUPPORTED || (!live && !micOn) || (recorder !== null && recorder.state === "recording");
   $("say").disabled = !live || !ns.tts;
   const btn = $("connect");
   btn.disabled = state === "connecting";
@@ -221,6 +226,7 @@ async function connect() {
 }
 
 function disconnect(say = true) {
+  if (liveMic) liveMic.stop({ endUtterance: false });
   clearInterval(statsTimer);
   clearInterval(pingTimer);
   clearInterval(probeTimer);
@@ -385,6 +391,7 @@ async function say() {
   }
 }
 
+// Record, then upload (MediaRecorder): the fallback where AudioWorklet is missing.
 async function toggleRecord() {
   const btn = $("record");
   if (recorder && recorder.state === "recording") {
@@ -401,18 +408,131 @@ async function toggleRecord() {
       stream.getTracks().forEach((t) => t.stop());
       btn.classList.remove("recording");
       $("record-label").textContent = "Record";
-      $("mic-status").textContent = "Push to record, release to speak";
+      $("mic-status").textContent = MIC_SUPPORTED ? "Or record first, then send" : "Push to record, release to speak";
       const blob = new Blob(recChunks, { type: recorder.mimeType || "audio/webm" });
       const ext = (recorder.mimeType || "").includes("ogg") ? "ogg" : "webm";
+      setState(ns.state);
       speakBlob(blob, `recording.${ext}`);
     };
     recorder.start();
     btn.classList.add("recording");
     $("record-label").textContent = "Stop";
     $("mic-status").textContent = "Recording…";
+    setState(ns.state);
   } catch (e) {
     fail(new Error(`Microphone unavailable: ${e.message || e}`));
   }
+}
+
+// Live microphone (livemic.js): 20 ms PCM frames to the session's audio socket as you talk.
+const MIC_FLOOR_DB = -60;
+let micShownDb = MIC_FLOOR_DB;
+
+function micPercent(db) {
+  return Math.max(0, Math.min(100, ((db - MIC_FLOOR_DB) / -MIC_FLOOR_DB) * 100));
+}
+
+function showMicLevel(db) {
+  micShownDb = Math.max(db, micShownDb - 1.2); // fast attack, ~60 dB/s release
+  const pct = `${micPercent(micShownDb).toFixed(1)}%`;
+  $("mic-level-fill").style.width = pct;
+  $("mic-tag-level").style.width = pct;
+  $("mic-db").textContent = db > -119 ? `${db.toFixed(0)} dBFS` : "silence";
+}
+
+const MIC_TEXT = {
+  off: ["Live mic", "Click to go live · hold to talk", "The presenter speaks while you are still talking."],
+  starting: ["Starting…", "Opening the microphone…", "Allow microphone access if the browser asks."],
+  listening: ["LIVE · Stop", "LIVE — listening", "Start talking; opening the mic does not cut the presenter off."],
+  streaming: ["LIVE · Stop", "LIVE — streaming your voice", "Click (or release) to finish the sentence."],
+  stopping: ["Stopping…", "Finishing the utterance…", ""],
+};
+
+function onMicPhase(phase) {
+  const on = ["listening", "streaming", "stopping"].includes(phase);
+  const btn = $("live-mic");
+  const [label, status, sub] = MIC_TEXT[phase] || MIC_TEXT.off;
+  btn.classList.toggle("live", on);
+  btn.setAttribute("aria-pressed", String(on || phase === "starting"));
+  $("live-label").textContent = label;
+  $("live-status").textContent = status;
+  $("live-sub").textContent = sub;
+  $("stage").dataset.mic = phase;
+  $("mic-tag-text").textContent = phase === "streaming" ? "MIC LIVE" : phase === "listening" ? "MIC LIVE · listening" : "MIC";
+  $("mic-level").classList.toggle("on", on);
+  if (phase === "streaming") log("Live mic: streaming your voice", "ok");
+  if (phase === "off") {
+    micShownDb = MIC_FLOOR_DB;
+    showMicLevel(-120);
+    $("mic-db").textContent = "mic off";
+  }
+}
+
+async function startLiveMic() {
+  if (liveMic || !ns.sessionId) return;
+  const mic = new LiveMic({
+    sessionId: ns.sessionId,
+    onFrame: ({ db }) => showMicLevel(db),
+    onPhase: (phase) => {
+      onMicPhase(phase);
+      if (phase === "off" && liveMic === mic) {
+        liveMic = null;
+        setState(ns.state);
+      }
+    },
+    onError: fail,
+  });
+  liveMic = mic;
+  ns.mic = mic.stats;
+  setState(ns.state);
+  try {
+    await mic.start();
+    if (mic.phase !== "off") log(`Live mic on (${mic.stats.sampleRate} Hz, ${mic.stats.frameSamples}-sample frames)`, "ok");
+  } catch (e) {
+    fail(new Error(`Live mic unavailable: ${e.message || e}`));
+  }
+}
+
+async function stopLiveMic() {
+  const mic = liveMic;
+  if (!mic) return;
+  const spoke = mic.stats.gateOpen;
+  await mic.stop();
+  const s = mic.stats;
+  if (spoke) log(`Live mic off: ${((s.framesSent * s.frameSamples) / s.sampleRate).toFixed(1)} s streamed, utterance ended`, "ok");
+  else log("Live mic off (no voice heard)");
+}
+
+// Click toggles; a press held longer than HOLD_MS is push-to-talk (release stops).
+const HOLD_MS = 400;
+let press = null;
+function wireLiveMic() {
+  const btn = $("live-mic");
+  if (!MIC_SUPPORTED) {
+    btn.title = "This browser has no AudioWorklet: use Record (the recording is sent when you stop)";
+    $("live-status").textContent = "Live mic unsupported here";
+    $("live-sub").textContent = "Use Record below: it sends the recording when you stop.";
+    return;
+  }
+  btn.addEventListener("pointerdown", (e) => {
+    if (btn.disabled || e.button !== 0) return;
+    btn.setPointerCapture(e.pointerId);
+    press = { t: performance.now(), started: !liveMic };
+    if (!liveMic) startLiveMic();
+  });
+  const release = () => {
+    if (!press) return;
+    const held = performance.now() - press.t;
+    if (liveMic && (!press.started || held > HOLD_MS)) stopLiveMic();
+    press = null;
+  };
+  btn.addEventListener("pointerup", release);
+  btn.addEventListener("pointercancel", release);
+  btn.addEventListener("click", (e) => {
+    if (e.detail !== 0 || btn.disabled) return; // keyboard (Enter / Space): toggle
+    if (liveMic) stopLiveMic();
+    else startLiveMic();
+  });
 }
 
 // ------------------------------------------------------------------ wiring
@@ -420,6 +540,7 @@ $("connect").onclick = () => (["idle", "speaking", "buffering"].includes(ns.stat
 $("interrupt").onclick = interrupt;
 $("say").onclick = say;
 $("record").onclick = toggleRecord;
+wireLiveMic();
 $("file").onchange = () => {
   const f = $("file").files[0];
   $("file-name").textContent = f ? f.name : "Drop speech here or browse";
