@@ -290,11 +290,14 @@ def test_page_streams_the_live_microphone(site, tmp_path):
                     await asyncio.sleep(0.05)
                 file_speaking = info(sid)
                 await page.click(".tab[data-tab='mic']")
-                await page.click("#live-mic")
+                # this time push-to-talk: hold the button while talking, release to stop
+                await page.hover("#live-mic")
+                await page.mouse.down()
                 await page.wait_for_function("window.newsstudio.mic.phase === 'streaming'", timeout=10000)
                 await asyncio.sleep(1.0)
                 barged = info(sid)
-                await page.click("#live-mic")
+                held_phase = await page.evaluate("window.newsstudio.mic.phase")
+                await page.mouse.up()
                 await page.wait_for_function("window.newsstudio.mic.phase === 'off'", timeout=5000)
                 for _ in range(100):
                     if info(sid)["state"] == "idle":
@@ -303,6 +306,12 @@ def test_page_streams_the_live_microphone(site, tmp_path):
                 final = info(sid)
                 events = await page.evaluate("window.newsstudio.events.map(e => e.text)")
                 await page.click("#connect")
+                # without AudioWorklet the page keeps record-then-upload and says why
+                old = await ctx.new_page()
+                await old.add_init_script("delete window.AudioWorkletNode")
+                await old.goto(site.url + "/")
+                await old.wait_for_selector(".avatar[aria-selected='true']")
+                fallback = {"live_disabled": await old.is_disabled("#live-mic"), "status": await old.text_content("#live-status"), "record": await old.locator("#record").count()}
                 await ctx.close()
                 return locals()
         finally:
@@ -313,11 +322,6 @@ def test_page_streams_the_live_microphone(site, tmp_path):
     before, samples, t_voice, t_stop = r["before"], r["samples"], r["t_voice"], r["t_stop"]
     for tp, s, mic in samples:
         print(f"{tp - t_voice:7.0f} ms  {s['state']:9s} utt={s['utterances']} speech_frames={s['speech_frames']} underrun={s['underrun_ms']} mic={mic['phase']} sent={mic['framesSent']} db={mic['levelDb']:.0f} meter={mic['meter']:.0f}%")
-    mic = samples[-1][2]
-    # the page streams 20 ms frames of 16-bit PCM at the rate it tells the socket
-    assert mic["sampleRate"] == 48000 and mic["frameSamples"] == 960, mic
-    assert mic["framesSent"] >= 0.7 * (samples[-1][0] - t_voice) / 20, mic
-    assert mic["bytesSent"] == 2 * 960 * mic["framesSent"]
     # on the server, while the mic was still on: one new streamed utterance, speaking, and
     # speech frames rendered from it (the upload path would only have started after the stop)
     assert all(m["phase"] == "streaming" for _, _, m in samples)
@@ -327,6 +331,11 @@ def test_page_streams_the_live_microphone(site, tmp_path):
     assert last["state"] == "speaking" and last["utterances"] == before["utterances"] + 1, last
     assert last["speech_frames"] - before["speech_frames"] >= 50, "fewer than 2 s of speech frames rendered while the mic was on"
     assert not any(e.startswith("Speaking recording") for e in r["events"]), "the live mic fell back to record-and-upload"
+    mic = samples[-1][2]
+    # the page streams 20 ms frames of 16-bit PCM at the rate it tells the socket
+    assert mic["sampleRate"] == 48000 and mic["frameSamples"] == 960, mic
+    assert mic["framesSent"] >= 0.7 * (samples[-1][0] - t_voice) / 20, mic
+    assert mic["bytesSent"] == 2 * 960 * mic["framesSent"]
     # the page saw and heard it before the stop: the mouth moved, sound came back
     hist = r["hist"]
     t_a = speaking[0] + 300
@@ -351,5 +360,7 @@ def test_page_streams_the_live_microphone(site, tmp_path):
     fs, b = r["file_speaking"], r["barged"]
     assert fs["state"] == "speaking"
     assert b["barge_ins"] == fs["barge_ins"] + 1 and b["utterances"] == fs["utterances"] + 1 and b["state"] == "speaking", (fs, b)
-    assert r["final"]["state"] == "idle"
+    assert r["held_phase"] == "streaming" and r["final"]["state"] == "idle"
+    fb = r["fallback"]
+    assert fb["live_disabled"] and "unsupported" in fb["status"] and fb["record"] == 1, fb
     assert LIVE_SCREENSHOT.is_file() and LIVE_SCREENSHOT.stat().st_size > 20_000
