@@ -40,6 +40,8 @@ def test_prebake_info_verify_and_tamper(tmp_path, name, size, frames):
     assert r.exit_code == 0 and "roi" in r.output and f"{w}x{h}" in r.output, r.output
     r = runner.invoke(app, ["avatar", "verify", "a1", "--avatars", str(tmp_path)])
     assert r.exit_code == 0 and "OK" in r.output, r.output
+    r = runner.invoke(app, ["avatar", "list", "--avatars", str(tmp_path)])
+    assert r.exit_code == 0 and "a1" in r.output and f"{frames} frames" in r.output, r.output
 
     f = p.path / p.specs["roi/rgb"].file
     data = bytearray(f.read_bytes())

@@ -108,8 +108,8 @@ def avatar_verify(ref: str, avatars: Optional[Path] = AvatarsOpt) -> None:
 @avatar_app.command("list")
 def avatar_list(avatars: Optional[Path] = AvatarsOpt) -> None:
     """List the avatars under the avatars folder."""
-    from .avatar.packet import PacketError, open_packet
-    from .avatar.store import avatars_root, iter_packets
+    from .avatar.packet import PacketError, iter_packets, open_packet
+    from .avatar.store import avatars_root
 
     root = avatars_root(avatars)
     found = False
