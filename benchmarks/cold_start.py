@@ -57,7 +57,12 @@ def build_official_layout(packet, folder: Path) -> None:
         m[s:, :] = 255
         cv2.imwrite(str(masks / f"{i:08d}.png"), cv2.GaussianBlur(m, (2 * (s // 10) + 1, 2 * (s // 10) + 1), 0))
         latents.append(torch.randn(1, 8, 32, 32, generator=g))
-    # the realtime script cycles everything ping-pong before saving
+    save_official_index(folder, coords, mask_coords, latents)
+
+
+def save_official_index(folder: Path, coords: list, mask_coords: list, latents: list) -> None:
+    """The pickles and `latents.pt` of the official avatar folder; the realtime script cycles
+    every list ping-pong before saving."""
     cyc = lambda xs: xs + xs[::-1]  # noqa: E731
     with open(folder / "coords.pkl", "wb") as f:
         pickle.dump(cyc(coords), f)

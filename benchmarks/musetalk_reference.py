@@ -20,7 +20,6 @@ measurable. Frames come back as BGR uint8 arrays.
 """
 from __future__ import annotations
 
-import pickle
 import queue
 import threading
 import time
@@ -37,7 +36,7 @@ from newsstudio.engines.musetalk.blend import composite_pil, expanded_crop_box
 from newsstudio.engines.musetalk.frame_mapping import batch_slices
 from newsstudio.engines.musetalk.vae import decode
 
-from .cold_start import build_official_layout, load_official
+from .cold_start import build_official_layout, load_official, save_official_index
 
 OFFICIAL_BATCH = 20
 
@@ -71,12 +70,7 @@ def write_musetalk_material(packet, folder: Path) -> None:
         coords.append((x1, y1, x2, y2))
         mask_coords.append(list(cbox))
         latents.append(torch.from_numpy(np.array(lat[i], np.float32))[None])
-    cyc = lambda xs: xs + xs[::-1]  # noqa: E731
-    with open(folder / "coords.pkl", "wb") as f:
-        pickle.dump(cyc(coords), f)
-    with open(folder / "mask_coords.pkl", "wb") as f:
-        pickle.dump(cyc(mask_coords), f)
-    torch.save(cyc(latents), folder / "latents.pt")
+    save_official_index(folder, coords, mask_coords, latents)
 
 
 def build_reference_avatar(packet, folder: Path) -> Path:
