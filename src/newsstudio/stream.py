@@ -99,7 +99,7 @@ class StreamSession:
         if driving is not None:
             return self.render_frames(frame_start, driving, output)
         idx = pingpong_index(torch.arange(frame_start, frame_start + n, device=self.layer.device), self.layer.n_frames)
-        frames = self.background.gather(idx).clone()
+        frames = self.background.gather(idx)  # a fresh tensor: safe to draw the banner on
         if self.banner is not None:
             self.banner.apply_(frames)
         return nv12_to_rgb(frames) if output == "rgb" else frames

@@ -73,6 +73,7 @@ from .motion_stitch import (
     transform_info,
 )
 from .registration import INFO_KEYS, expected_meta, prebake_ditto, prebake_mismatch
+from .stride import StrideRenderer
 from .wav2feat import SAMPLES_PER_FRAME, StreamingWav2Feat, wav2feat_offline
 from .weights import DittoModels, build_random, load_official
 
@@ -293,6 +294,8 @@ class DittoEngine(Engine):
     ``salt``; outputs are marked). ``hubert``: optional transformers HuBERT folder to use instead
     of the release's ONNX encoder. ``reprebake``: recompute a packet's Ditto arrays made with other
     weights/settings (True) or raise (False). ``compile``: ``torch.compile`` warp + decoder.
+    ``stride``: warp + decode every ``stride``-th frame only and interpolate the frames between
+    (``stride_mode``: how; see stride.py); 1 = dense.
     Further keywords: :class:`config.DittoConfig` fields (see the module doc).
     """
 
@@ -311,6 +314,8 @@ class DittoEngine(Engine):
         reprebake: bool = True,
         compile: bool = False,
         prebake_batch: int | None = None,
+        stride: int = 1,
+        stride_mode: str = "mask",
         **options: Any,
     ):
         device = torch.device(device)
@@ -338,6 +343,11 @@ class DittoEngine(Engine):
         self.prebake_batch = prebake_batch or (16 if device.type == "cuda" else 2)
         self._warp = torch.compile(self.models.warp) if compile else self.models.warp
         self._decoder = torch.compile(self.models.decoder) if compile else self.models.decoder
+        # stride mode (stride.py): its driver rows carry the keyframes' rows; its renderer caches per stream
+        if int(stride) != stride or stride < 1:
+            raise ValueError(f"stride must be an integer >= 1, got {stride!r}")
+        self.stride = int(stride)
+        self._strider = StrideRenderer(self, self.stride, stride_mode, DRIVING_DIM) if self.stride > 1 else None
         self._silence: dict[int, torch.Tensor] = {}
         self._layers: dict[str, AvatarLayer] = {}
         self._lock = threading.RLock()
@@ -430,8 +440,9 @@ class DittoEngine(Engine):
                              "Render at 25 fps and resample the video afterwards if another rate is needed.")
         return DittoConditioner(self.models.hubert, self.device, tuple(self.config.chunksize))
 
-    def driver(self, layer: AvatarLayer) -> DittoDriver:
-        return DittoDriver(self, layer)
+    def driver(self, layer: AvatarLayer) -> FrameQueue:
+        drv = DittoDriver(self, layer)
+        return drv if self._strider is None else self._strider.driver(drv, layer)
 
     def silence_features(self, n: int) -> torch.Tensor:
         """HuBERT rows of ``n`` frames of silence (the online warm-up), computed once per length."""
@@ -465,6 +476,8 @@ class DittoEngine(Engine):
         return torch.where(keep, x_src, res.x_s.expand_as(x_src)), torch.where(keep, x_src, res.x_d)
 
     def render(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> torch.Tensor:
+        if self._strider is not None and driving.shape[-1] == self._strider.width:
+            return self._strider.render(layer, driving, frame_idx)  # stride mode; dense rows (idle) below
         dev = self.device
         d = layer.data
         idx = frame_idx.to(dev)
