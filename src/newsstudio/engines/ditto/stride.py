@@ -1,0 +1,464 @@
+"""Ditto stride mode: warp + decode every k-th frame only, motion-compensated interpolation between.
+
+Warp + SPADE decode is ~1234 GFLOP per 512x512 frame; everything before it (HuBERT, LMDM, motion
+stitching) is cheap per frame. With ``DittoEngine(stride=k)`` only keyframes (output frames
+``t % k == 0``, plus the stream's last frame) go through the networks, exactly as in dense mode.
+An in-between frame t with neighbouring keyframes a < t < b is made in the 512x512 crop space from
+the two keyframe *outputs*:
+
+1. each keyframe image is warped towards frame t with a dense flow built from the sparse keypoint
+   motion: for a pixel z of frame t, ``flow(z) = sum_k w_k(z) (kp_key_k - kp_t_k)`` (2-D projection
+   of the 21 driving keypoints), ``w_k`` Gaussian heatmaps around frame t's keypoints normalised
+   against an identity "background" weight -- the sparse-motion form of LivePortrait's dense motion
+   network (content near keypoint k moves with keypoint k) without its learned hourglass mask;
+2. the two warped images are cross-faded by time, ``(1 - w) I_a + w I_b`` with
+   ``w = (t - a) / (b - a)``.
+
+The frame's own motion is exact: x_d(t) comes from the stitching of its own LMDM row (cheap), so
+the flow follows the real (not interpolated) keypoints, and the crop lands in the ROI with frame
+t's own grid. Keyframes are bit-identical to dense mode (the same row, source frame and networks).
+
+Streams and state. The engine is shared by many streams, and ``render(layer, driving, frame_idx)``
+carries no stream identity, so stride mode makes the driving rows self-contained:
+:class:`StrideDriver` (wrapping the stream's ``DittoDriver``) holds rows back until the next
+keyframe's row exists (at most k - 1 rows; the first frame is a keyframe, so time to first frame
+does not change) and emits ``(n, 3 D + 4)`` rows::
+
+    [own row D | t | stream key | a | b | row of keyframe a D | row of keyframe b D]
+
+(D = 531, the dense row). Any batch can therefore be rendered from its rows alone, in any order
+or split (live sessions skip and repeat frames). What one stream renders is remembered only as a
+cache -- the keyframe images of its latest frames, in a :class:`StreamState` owned by the driver
+and registered weakly with the engine under the stream key, so it goes away with the stream --
+which lets each keyframe go through the networks once when batches arrive in order (the runner's
+case). A batch that ends between keyframes renders the next keyframe ahead (on the source frame
+the avatar loop will show it on, from the ping-pong pattern of the frames seen so far) and the
+next batch reuses it. Rows of dense width (``idle_driving``, the avatar at rest) render densely.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ...compose.splice import sample_crops_to_roi
+from ..base import FrameQueue, TensorFrameQueue
+
+# Flow defaults, in the keypoints' normalised units (the face spans about [-0.6, 0.6]).
+FLOW_SIGMA = 0.15  # heatmap width: about the spacing of neighbouring face keypoints
+FLOW_BG = 0.02  # identity-motion weight: flow fades out ~2.5 sigma away from every keypoint
+FLOW_RES = 64  # the flow is smooth: built at the warp network's feature size, then upsampled
+_KEY_MOD = 1 << 24  # stream keys travel as float32: exact integers below 2**24
+
+# column offsets after the dense row (D columns)
+T_COL, KEY_COL, A_COL, B_COL = 0, 1, 2, 3
+EXTRA = 4
+
+
+def stride_width(base: int) -> int:
+    return 3 * base + EXTRA
+
+
+# ------------------------------------------------------------------------------ interpolation
+
+
+def keypoint_flow(kp_to: torch.Tensor, kp_from: torch.Tensor, feat_n: int, res: int = FLOW_RES,
+                  sigma: float = FLOW_SIGMA, bg: float = FLOW_BG) -> torch.Tensor:
+    """Backward flow (B, 2, res, res), in keypoint units (x, y), from frame ``to`` into frame ``from``.
+
+    kp_*: (B, K, >=2) driving keypoints. Keypoint space is the warp network's feature grid:
+    coordinate ``2 i / (n - 1) - 1`` at feature pixel i (``feat_n`` = n), so a pixel centre at
+    normalised image position u (align_corners=False) sits at ``u * n / (n - 1)``."""
+    dev = kp_to.device
+    u = (torch.arange(res, device=dev, dtype=torch.float32) + 0.5) / res * 2 - 1
+    z = u * (feat_n / (feat_n - 1))
+    zy, zx = torch.meshgrid(z, z, indexing="ij")
+    grid = torch.stack([zx, zy], dim=-1)  # (res, res, 2)
+    kt = kp_to[..., :2].float()
+    d2 = (grid[None, None] - kt[:, :, None, None, :]).pow(2).sum(-1)  # (B, K, res, res)
+    g = torch.exp(d2 * (-0.5 / (sigma * sigma)))
+    w = g / (g.sum(1, keepdim=True) + bg)
+    disp = kp_from[..., :2].float() - kt  # (B, K, 2)
+    return torch.einsum("bkhw,bkc->bchw", w, disp)
+
+
+def mask_flow(mask: torch.Tensor, kp_to: torch.Tensor, kp_from: torch.Tensor) -> torch.Tensor:
+    """Backward flow (B, 2, h, w) weighted by the dense motion network's own mask.
+
+    mask: (B, 1 + K, h, w), the softmax over [identity, K keypoint motions] of the frame being
+    warped, averaged over depth. The network shows at z the source point
+    ``D(z) = z + sum_k m_k(z) (kp_s_k - kp_d_k)``; with the mask held fixed, the point frame
+    ``to`` shows at z is shown by frame ``from`` at ``z + sum_k m_k(z) (kp_from_k - kp_to_k)``
+    (first order in the motion)."""
+    disp = kp_from[..., :2].float() - kp_to[..., :2].float()  # (B, K, 2)
+    return torch.einsum("bkhw,bkc->bchw", mask[:, 1:].float(), disp)
+
+
+def warp_by_keypoints(img: torch.Tensor, kp_to: torch.Tensor, kp_from: torch.Tensor, feat_n: int,
+                      mask: torch.Tensor | None = None, sample: str = "bicubic", **flow_kw: Any) -> torch.Tensor:
+    """``img`` (B, C, H, W), rendered with keypoints ``kp_from``, moved to keypoints ``kp_to``
+    (flow from ``mask`` when given, else from Gaussian heatmaps)."""
+    b, _, h, w = img.shape
+    if mask is not None:
+        flow = mask_flow(mask, kp_to, kp_from)
+    else:
+        flow = keypoint_flow(kp_to, kp_from, feat_n, res=min(FLOW_RES, h), **flow_kw)
+    if flow.shape[-2:] != (h, w):
+        flow = F.interpolate(flow, size=(h, w), mode="bilinear", align_corners=False)
+    ys = (torch.arange(h, device=img.device, dtype=torch.float32) + 0.5) / h * 2 - 1
+    xs = (torch.arange(w, device=img.device, dtype=torch.float32) + 0.5) / w * 2 - 1
+    gy, gx = torch.meshgrid(ys, xs, indexing="ij")
+    grid = torch.stack([gx, gy], dim=-1)[None] + flow.permute(0, 2, 3, 1) * ((feat_n - 1) / feat_n)
+    return F.grid_sample(img.float(), grid, mode=sample, padding_mode="border", align_corners=False)
+
+
+def interpolate(img_a: torch.Tensor, img_b: torch.Tensor, kp_a: torch.Tensor, kp_b: torch.Tensor,
+                kp_t: torch.Tensor, w: torch.Tensor, feat_n: int, mode: str = "flow",
+                mask_a: torch.Tensor | None = None, mask_b: torch.Tensor | None = None, **flow_kw: Any) -> torch.Tensor:
+    """In-between images (B, C, H, W) float32 at keypoints ``kp_t`` from keyframe images ``img_a``
+    (keypoints ``kp_a``) and ``img_b`` (``kp_b``); ``w`` (B,) is the time weight of ``b``.
+
+    mode: ``"flow"`` (motion-compensated cross-fade, the default), ``"blend"`` (plain cross-fade),
+    ``"nearest"`` (the nearer keyframe in time; what a frame-repeat would show)."""
+    wb = w.to(torch.float32).reshape(-1, 1, 1, 1)
+    if mode == "nearest":
+        return torch.where(wb >= 0.5, img_b.float(), img_a.float())
+    if mode == "blend":
+        return torch.lerp(img_a.float(), img_b.float(), wb)
+    if mode != "flow":
+        raise ValueError(f"interpolation mode must be 'flow', 'blend' or 'nearest', got {mode!r}")
+    mask = None if mask_a is None or mask_b is None else torch.cat([mask_a, mask_b])
+    both = warp_by_keypoints(torch.cat([img_a, img_b]), torch.cat([kp_t, kp_t]), torch.cat([kp_a, kp_b]), feat_n,
+                             mask=mask, **flow_kw)
+    wa, wbb = both.chunk(2)
+    return torch.lerp(wa, wbb, wb)
+
+
+# ------------------------------------------------------------------------------ source frames
+
+
+def guess_source(seen: list[tuple[int, int]], t: int, n_frames: int) -> int:
+    """Source frame that output frame ``t`` will be shown on, from (frame, source) pairs seen.
+
+    The runner and live sessions show consecutive output frames on the ping-pong loop
+    (``base.pingpong_index(t + offset)``); the offset is found from the pairs. When no offset
+    fits (another mapping), the source of the nearest frame seen. A wrong guess only costs a
+    re-render when that keyframe's own row arrives (see ``StrideRenderer``)."""
+    if n_frames <= 1 or not seen:
+        return 0
+    n2 = 2 * n_frames
+    ts = np.array([p[0] for p in seen], np.int64)
+    ss = np.array([p[1] for p in seen], np.int64)
+    p = (ts[None, :] + np.arange(n2, dtype=np.int64)[:, None]) % n2
+    ok = (np.where(p < n_frames, p, n2 - 1 - p) == ss[None, :]).all(axis=1)
+    if ok.any():
+        q = (t + int(np.argmax(ok))) % n2
+        return int(q if q < n_frames else n2 - 1 - q)
+    return int(ss[np.argmin(np.abs(ts - t))])
+
+
+# ------------------------------------------------------------------------------ per-stream state
+
+
+@dataclass
+class KeyFrame:
+    """One keyframe's network output, as the in-betweens need it."""
+
+    src: int  # source frame it was rendered on
+    img: torch.Tensor  # (3, H, W) decoder output (its dtype)
+    x_d: torch.Tensor  # (K, 3) driving keypoints, float32
+    mask: torch.Tensor | None  # (1 + K, h, w) dense-motion mask averaged over depth ("mask" mode)
+
+
+@dataclass(eq=False)
+class StreamState:
+    """A stream's cache of its latest keyframes (never needed for correctness, only for cost)."""
+
+    key: int
+    layer: Any  # weakref.ref to the AvatarLayer the stream renders on
+    keys: dict[int, KeyFrame] = field(default_factory=dict)
+    seen: list[tuple[int, int]] = field(default_factory=list)  # recent (output frame, source frame)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def observe(self, pairs: list[tuple[int, int]]) -> None:
+        d = dict(self.seen)
+        d.update(pairs)
+        self.seen = sorted(d.items())[-16:]
+
+
+class StrideDriver(FrameQueue):
+    """Wraps a stream's dense driver: rows come out self-contained for stride rendering
+    (module doc), each in-between row once the row of its next keyframe exists. At ``close`` the
+    stream's last frame becomes a keyframe (the frames before it need a right neighbour)."""
+
+    def __init__(self, inner: FrameQueue, stride: int, state: StreamState, base_width: int):
+        self.inner = inner
+        self.k = int(stride)
+        self.width = stride_width(base_width)
+        self.state = state  # owned here; the renderer's registry holds it weakly
+        self._buf: torch.Tensor | None = None  # dense rows of frames [_t0, _t0 + len) not yet emitted
+        self._t0 = 0
+        self._key_row: torch.Tensor | None = None  # row of the last keyframe emitted (frame _key_t)
+        self._key_t = -1
+        self._out = TensorFrameQueue()
+        self.closed = False
+
+    def __getattr__(self, name: str) -> Any:  # the inner driver's attributes (first_output_at_rows...)
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def push(self, value: Any) -> None:
+        if self.closed:
+            raise RuntimeError("push() after close()")
+        self.inner.push(value)
+        self._drain(final=False)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.inner.close()
+        self._drain(final=True)
+        self._out.close()
+
+    @property
+    def ready(self) -> int:
+        return self._out.ready
+
+    def take(self, n: int) -> torch.Tensor:
+        if n == 0:
+            return torch.zeros((0, self.width), device=getattr(self.inner, "device", None))
+        return self._out.take(n)
+
+    def _drain(self, final: bool) -> None:
+        n = self.inner.ready
+        if n:
+            rows = self.inner.take(n)
+            self._buf = rows if self._buf is None or self._buf.shape[0] == 0 else torch.cat([self._buf, rows])
+        if self._buf is None or self._buf.shape[0] == 0:
+            return
+        k, t0 = self.k, self._t0
+        end = t0 + int(self._buf.shape[0])  # exclusive
+        last = end - 1 if final else ((end - 1) // k) * k  # last frame that can be emitted now
+        if last < t0:
+            return
+        buf = self._buf
+        dev = buf.device
+        ts = torch.arange(t0, last + 1, device=dev)
+        ta = ts - ts % k
+        tb = ta + k
+        if final:
+            tail = end - 1
+            if tail % k:  # the last frame is a keyframe too
+                ta = torch.where(ts == tail, ts, ta)
+                tb = torch.where(ts == tail, ts, tb.clamp_max(tail))
+        tb = torch.where(ts == ta, ts, tb)
+        # rows of the keyframes: the previous emission's last keyframe, or the buffer
+        pool = buf if self._key_row is None else torch.cat([self._key_row, buf])
+        shift = 0 if self._key_row is None else 1
+
+        def at(times: torch.Tensor) -> torch.Tensor:
+            pos = torch.where(times == self._key_t, torch.zeros_like(times), times - t0 + shift)
+            return pool.index_select(0, pos)
+
+        m = ts.shape[0]
+        meta = torch.stack([ts, torch.full_like(ts, self.state.key), ta, tb], dim=1).to(buf.dtype)
+        self._out.push(torch.cat([buf[:m], meta, at(ta), at(tb)], dim=1))
+        kt = int(last - last % k)
+        if kt >= t0:
+            self._key_row, self._key_t = buf[kt - t0 : kt - t0 + 1], kt
+        self._buf = buf[m:]
+        self._t0 = last + 1
+
+
+# ------------------------------------------------------------------------------ renderer
+
+MODES = ("mask", "heatmap", "blend", "nearest")
+
+
+class StrideRenderer:
+    """The engine's stride-mode renderer (one per engine, shared by its streams).
+
+    mode: how in-betweens are made from their two keyframes -- ``"mask"`` (default): warped with
+    the flow of the warp network's own dense-motion mask of each keyframe moved to frame t's
+    keypoints (:func:`mask_flow`); ``"heatmap"``: flow from Gaussian keypoint heatmaps
+    (:func:`keypoint_flow`, no network quantity); ``"blend"``: plain cross-fade; ``"nearest"``:
+    the nearer keyframe. ``network_frames`` counts frames sent through warp + decode."""
+
+    def __init__(self, engine: Any, stride: int, mode: str = "mask", base_width: int = 531):
+        if int(stride) < 2:
+            raise ValueError(f"stride mode needs stride >= 2, got {stride}")
+        if mode not in MODES:
+            raise ValueError(f"stride_mode must be one of {MODES}, got {mode!r}")
+        self.engine = engine
+        self.k = int(stride)
+        self.mode = mode
+        self.base_width = int(base_width)
+        self.width = stride_width(self.base_width)  # rows of this width render in stride mode
+        self._states: weakref.WeakValueDictionary[int, StreamState] = weakref.WeakValueDictionary()
+        self._next = itertools.count(1)
+        self._lock = threading.Lock()
+        self.network_frames = 0
+        warp = engine.models.warp
+        fn = _WarpWithMask(warp)
+        self._warp_mask = torch.compile(fn) if engine._warp is not warp else fn  # compiled like the dense warp
+
+    # -- streams ----------------------------------------------------------------------------------
+    def driver(self, inner: FrameQueue, layer: Any) -> StrideDriver:
+        with self._lock:
+            key = 0
+            while key == 0 or key in self._states:
+                key = next(self._next) % _KEY_MOD
+            state = StreamState(key, weakref.ref(layer))
+            self._states[key] = state
+        return StrideDriver(inner, self.k, state, self.base_width)
+
+    def _state(self, key: int, layer: Any) -> StreamState:
+        """The stream's state, or a throw-away one (stream gone, or rows shown on another layer)."""
+        with self._lock:
+            st = self._states.get(key)
+        if st is None or st.layer() is not layer:
+            st = StreamState(key, weakref.ref(layer))
+        return st
+
+    # -- rendering --------------------------------------------------------------------------------
+    def render(self, layer: Any, rows: torch.Tensor, frame_idx: torch.Tensor) -> torch.Tensor:
+        """ROIs (B, Hr, Wr, 3) float in [0, 255] for stride rows (module doc)."""
+        eng = self.engine
+        dev = eng.device
+        with torch.inference_mode():
+            rows = rows.to(dev, torch.float32)
+            idx = frame_idx.to(dev)
+            base = (rows.shape[1] - EXTRA) // 3
+            meta = torch.cat([rows[:, base : base + EXTRA], idx[:, None].to(torch.float32)], 1).tolist()  # one sync
+            keys = sorted({int(m[KEY_COL]) for m in meta})
+            crops = None
+            for key in keys:
+                sel = [i for i, m in enumerate(meta) if int(m[KEY_COL]) == key]
+                part = self._crops(layer, rows, idx, base, [meta[i] for i in sel], sel, self._state(key, layer))
+                if len(keys) == 1:
+                    crops = part
+                else:
+                    if crops is None:
+                        crops = part.new_empty((rows.shape[0], *part.shape[1:]))
+                    crops[torch.tensor(sel, device=dev)] = part
+            assert crops is not None
+            grid = layer.data["grid"].index_select(0, idx.to(layer.data["grid"].device)).to(dev, non_blocking=True)
+            return sample_crops_to_roi(crops.clamp_(0, 1).mul_(255.0), grid)
+
+    def _crops(self, layer: Any, rows: torch.Tensor, idx: torch.Tensor, base: int, meta: list[list[float]],
+               sel: list[int], st: StreamState) -> torch.Tensor:
+        """Crops (len(sel), 3, H, W) float32 in [0, 1] (unclamped) of rows ``sel`` of one stream."""
+        eng = self.engine
+        dev = eng.device
+        B = rows.shape[0]
+        n_src = layer.n_frames
+        ts = [int(m[T_COL]) for m in meta]
+        ta = [int(m[A_COL]) for m in meta]
+        tb = [int(m[B_COL]) for m in meta]
+        src = [int(m[EXTRA]) for m in meta]
+        is_key = [t == a for t, a in zip(ts, ta)]
+        with st.lock:
+            st.observe(list(zip(ts, src)))
+            seen = list(st.seen)
+            cached = dict(st.keys)
+        # keyframes this batch needs: time -> (row in the pool [own | a | b], source frame, exact)
+        need: dict[int, tuple[int, int, bool]] = {}
+        for j, i in enumerate(sel):
+            if is_key[j]:
+                need[ts[j]] = (i, src[j], True)
+        for j, i in enumerate(sel):
+            if not is_key[j]:
+                for t_key, block in ((ta[j], 1), (tb[j], 2)):
+                    if t_key not in need:
+                        need[t_key] = (block * B + i, guess_source(seen, t_key, n_src), False)
+        order = sorted(need)
+        todo = []
+        for t_key in order:
+            pos, s, exact = need[t_key]
+            hit = cached.get(t_key)
+            if hit is None or (exact and hit.src != s):
+                todo.append(t_key)
+        table: dict[int, KeyFrame] = {t_key: cached[t_key] for t_key in order if t_key not in todo}
+        if todo:
+            pool = torch.cat([rows[:, :base], rows[:, base + EXTRA : 2 * base + EXTRA], rows[:, 2 * base + EXTRA :]])
+            sel_rows = pool.index_select(0, torch.tensor([need[t][0] for t in todo], device=dev))
+            sel_src = torch.tensor([need[t][1] for t in todo], device=dev)
+            img, x_d, mask = self._render_keys(layer, sel_rows, sel_src)
+            for j, t_key in enumerate(todo):
+                table[t_key] = KeyFrame(need[t_key][1], img[j], x_d[j], None if mask is None else mask[j])
+            with self._lock:
+                self.network_frames += len(todo)
+        # output: keyframes as rendered, in-betweens interpolated
+        first = table[order[0]].img
+        out = torch.empty((len(sel), *first.shape), device=dev, dtype=torch.float32)
+        kpos = [j for j in range(len(sel)) if is_key[j]]
+        if kpos:
+            kimg = torch.stack([table[ts[j]].img for j in kpos])
+            out[torch.tensor(kpos, device=dev)] = kimg.float()
+        ipos = [j for j in range(len(sel)) if not is_key[j]]
+        if ipos:
+            rows_t = rows.index_select(0, torch.tensor([sel[j] for j in ipos], device=dev))[:, :base]
+            _, x_t = eng.keypoints(layer, rows_t, idx.index_select(0, torch.tensor([sel[j] for j in ipos], device=dev)))
+            A = [table[ta[j]] for j in ipos]
+            Bk = [table[tb[j]] for j in ipos]
+            w = torch.tensor([(ts[j] - ta[j]) / (tb[j] - ta[j]) for j in ipos], device=dev)
+            use_mask = self.mode == "mask"
+            mid = interpolate(
+                torch.stack([a.img for a in A]), torch.stack([b.img for b in Bk]),
+                torch.stack([a.x_d for a in A]), torch.stack([b.x_d for b in Bk]), x_t, w,
+                feat_n=int(layer.data["f_s"].shape[-1]),
+                mode="flow" if self.mode in ("mask", "heatmap") else self.mode,
+                mask_a=torch.stack([a.mask for a in A]) if use_mask else None,
+                mask_b=torch.stack([b.mask for b in Bk]) if use_mask else None)
+            out[torch.tensor(ipos, device=dev)] = mid
+        # keep the keyframes the next frames need: those from the newest frame's left keyframe on
+        newest = max(range(len(sel)), key=lambda j: ts[j])
+        keep_from = ta[newest]
+        with st.lock:
+            for t_key, kf in table.items():
+                if t_key >= keep_from and (t_key not in st.keys or t_key in todo):
+                    st.keys[t_key] = KeyFrame(kf.src, kf.img.clone(), kf.x_d.clone(),
+                                              None if kf.mask is None else kf.mask.clone())
+            for t_key in [t for t in st.keys if t < keep_from]:
+                del st.keys[t_key]
+        return out
+
+    def _render_keys(self, layer: Any, rows: torch.Tensor, src: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Keyframes through the networks exactly as ``DittoEngine.render`` does (same rows, source
+        frames, dtypes, autocast): decoder output (n, 3, H, W), x_d (n, K, 3), mask or None."""
+        eng = self.engine
+        dev = eng.device
+        d = layer.data
+        x_s, x_d = eng.keypoints(layer, rows, src)
+        f_s = d["f_s"].index_select(0, src.to(d["f_s"].device)).to(dev, eng.dtype, non_blocking=True)
+        mask = None
+        with torch.autocast(device_type=dev.type, dtype=eng.dtype, enabled=eng.dtype != torch.float32):
+            if self.mode == "mask":
+                feat, mask = self._warp_mask(f_s, x_s, x_d)
+            else:
+                feat = eng._warp(f_s, x_s, x_d)
+            img = eng._decoder(feat)
+        return img, x_d, mask
+
+
+class _WarpWithMask(torch.nn.Module):
+    """The warp network's output plus its dense-motion mask averaged over depth (B, 1 + K, h, w):
+    the same computation as ``WarpingNetwork.forward`` (which drops the intermediates)."""
+
+    def __init__(self, warp: torch.nn.Module):
+        super().__init__()
+        self.warp = warp
+
+    def forward(self, f_s: torch.Tensor, x_s: torch.Tensor, x_d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out, dense = self.warp.forward_debug(f_s, x_s, x_d)
+        return out, dense["mask"].mean(2)
