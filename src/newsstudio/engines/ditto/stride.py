@@ -56,6 +56,7 @@ FLOW_SIGMA = 0.15  # heatmap width: about the spacing of neighbouring face keypo
 FLOW_BG = 0.02  # identity-motion weight: flow fades out ~2.5 sigma away from every keypoint
 FLOW_RES = 64  # the flow is smooth: built at the warp network's feature size, then upsampled
 _KEY_MOD = 1 << 24  # stream keys travel as float32: exact integers below 2**24
+_STREAM_KEYS = itertools.count(1)  # next() is atomic under the GIL
 
 # column offsets after the dense row (D columns)
 T_COL, KEY_COL, A_COL, B_COL = 0, 1, 2, 3
@@ -304,7 +305,6 @@ class StrideRenderer:
         self.base_width = int(base_width)
         self.width = stride_width(self.base_width)  # rows of this width render in stride mode
         self._states: weakref.WeakValueDictionary[int, StreamState] = weakref.WeakValueDictionary()
-        self._next = itertools.count(1)
         self._lock = threading.Lock()
         self.network_frames = 0
         warp = engine.models.warp
@@ -316,7 +316,7 @@ class StrideRenderer:
         with self._lock:
             key = 0
             while key == 0 or key in self._states:
-                key = next(self._next) % _KEY_MOD
+                key = next(_STREAM_KEYS) % _KEY_MOD  # unique across engines too
             state = StreamState(key, weakref.ref(layer))
             self._states[key] = state
         return StrideDriver(inner, self.k, state, self.base_width)
@@ -356,11 +356,10 @@ class StrideRenderer:
 
     def _crops(self, layer: Any, rows: torch.Tensor, idx: torch.Tensor, base: int, meta: list[list[float]],
                sel: list[int], st: StreamState) -> torch.Tensor:
-        """Crops (len(sel), 3, H, W) float32 in [0, 1] (unclamped) of rows ``sel`` of one stream."""
+        """Crops (len(sel), 3, H, W) float32 (unclamped) of rows ``sel`` (one stream's)."""
         eng = self.engine
         dev = eng.device
         B = rows.shape[0]
-        n_src = layer.n_frames
         ts = [int(m[T_COL]) for m in meta]
         ta = [int(m[A_COL]) for m in meta]
         tb = [int(m[B_COL]) for m in meta]
@@ -370,64 +369,74 @@ class StrideRenderer:
             st.observe(list(zip(ts, src)))
             seen = list(st.seen)
             cached = dict(st.keys)
-        # keyframes this batch needs: time -> (row in the pool [own | a | b], source frame, exact)
-        need: dict[int, tuple[int, int, bool]] = {}
+        # Keyframes needed, as (frame, source frame): a keyframe row's own, or an in-between's
+        # neighbour -- shown in this batch, else cached, else rendered from the row it carries
+        # on the source frame the loop will show it on.
+        todo: dict[tuple[int, int], int] = {}  # -> row in the pool [own rows | rows of a | rows of b]
+        table: dict[tuple[int, int], KeyFrame] = {}
+        own: dict[int, tuple[int, int]] = {}
         for j, i in enumerate(sel):
             if is_key[j]:
-                need[ts[j]] = (i, src[j], True)
+                ref = own[ts[j]] = (ts[j], src[j])
+                hit = cached.get(ts[j])
+                if hit is not None and hit.src == src[j]:
+                    table[ref] = hit
+                elif ref not in todo:
+                    todo[ref] = i
+        links: list[tuple[tuple[int, int], tuple[int, int]]] = []  # per in-between: (a, b) refs
         for j, i in enumerate(sel):
-            if not is_key[j]:
-                for t_key, block in ((ta[j], 1), (tb[j], 2)):
-                    if t_key not in need:
-                        need[t_key] = (block * B + i, guess_source(seen, t_key, n_src), False)
-        order = sorted(need)
-        todo = []
-        for t_key in order:
-            pos, s, exact = need[t_key]
-            hit = cached.get(t_key)
-            if hit is None or (exact and hit.src != s):
-                todo.append(t_key)
-        table: dict[int, KeyFrame] = {t_key: cached[t_key] for t_key in order if t_key not in todo}
+            if is_key[j]:
+                continue
+            pair = []
+            for t_key, block in ((ta[j], 1), (tb[j], 2)):
+                if t_key in own:
+                    ref = own[t_key]
+                elif t_key in cached:
+                    ref = (t_key, cached[t_key].src)
+                    table[ref] = cached[t_key]
+                else:
+                    ref = (t_key, guess_source(seen, t_key, layer.n_frames))
+                    todo.setdefault(ref, block * B + i)
+                pair.append(ref)
+            links.append((pair[0], pair[1]))
         if todo:
+            order = sorted(todo)
             pool = torch.cat([rows[:, :base], rows[:, base + EXTRA : 2 * base + EXTRA], rows[:, 2 * base + EXTRA :]])
-            sel_rows = pool.index_select(0, torch.tensor([need[t][0] for t in todo], device=dev))
-            sel_src = torch.tensor([need[t][1] for t in todo], device=dev)
-            img, x_d, mask = self._render_keys(layer, sel_rows, sel_src)
-            for j, t_key in enumerate(todo):
-                table[t_key] = KeyFrame(need[t_key][1], img[j], x_d[j], None if mask is None else mask[j])
+            img, x_d, mask = self._render_keys(layer, pool.index_select(0, torch.tensor([todo[r] for r in order], device=dev)),
+                                               torch.tensor([r[1] for r in order], device=dev))
+            for j, ref in enumerate(order):
+                table[ref] = KeyFrame(ref[1], img[j], x_d[j], None if mask is None else mask[j])
             with self._lock:
-                self.network_frames += len(todo)
-        # output: keyframes as rendered, in-betweens interpolated
-        first = table[order[0]].img
-        out = torch.empty((len(sel), *first.shape), device=dev, dtype=torch.float32)
+                self.network_frames += len(order)
+        # keyframes as rendered, in-betweens interpolated
         kpos = [j for j in range(len(sel)) if is_key[j]]
-        if kpos:
-            kimg = torch.stack([table[ts[j]].img for j in kpos])
-            out[torch.tensor(kpos, device=dev)] = kimg.float()
         ipos = [j for j in range(len(sel)) if not is_key[j]]
+        shape = next(iter(table.values())).img.shape
+        out = torch.empty((len(sel), *shape), device=dev, dtype=torch.float32)
+        if kpos:
+            out[torch.tensor(kpos, device=dev)] = torch.stack([table[(ts[j], src[j])].img for j in kpos]).float()
         if ipos:
-            rows_t = rows.index_select(0, torch.tensor([sel[j] for j in ipos], device=dev))[:, :base]
-            _, x_t = eng.keypoints(layer, rows_t, idx.index_select(0, torch.tensor([sel[j] for j in ipos], device=dev)))
-            A = [table[ta[j]] for j in ipos]
-            Bk = [table[tb[j]] for j in ipos]
+            rsel = torch.tensor([sel[j] for j in ipos], device=dev)
+            _, x_t = eng.keypoints(layer, rows.index_select(0, rsel)[:, :base], idx.index_select(0, rsel))
+            ka = [table[a] for a, _ in links]
+            kb = [table[b] for _, b in links]
             w = torch.tensor([(ts[j] - ta[j]) / (tb[j] - ta[j]) for j in ipos], device=dev)
             use_mask = self.mode == "mask"
-            mid = interpolate(
-                torch.stack([a.img for a in A]), torch.stack([b.img for b in Bk]),
-                torch.stack([a.x_d for a in A]), torch.stack([b.x_d for b in Bk]), x_t, w,
+            out[torch.tensor(ipos, device=dev)] = interpolate(
+                torch.stack([k.img for k in ka]), torch.stack([k.img for k in kb]),
+                torch.stack([k.x_d for k in ka]), torch.stack([k.x_d for k in kb]), x_t, w,
                 feat_n=int(layer.data["f_s"].shape[-1]),
                 mode="flow" if self.mode in ("mask", "heatmap") else self.mode,
-                mask_a=torch.stack([a.mask for a in A]) if use_mask else None,
-                mask_b=torch.stack([b.mask for b in Bk]) if use_mask else None)
-            out[torch.tensor(ipos, device=dev)] = mid
-        # keep the keyframes the next frames need: those from the newest frame's left keyframe on
-        newest = max(range(len(sel)), key=lambda j: ts[j])
-        keep_from = ta[newest]
+                mask_a=torch.stack([k.mask for k in ka]) if use_mask else None,
+                mask_b=torch.stack([k.mask for k in kb]) if use_mask else None)
+        # cache what the next frames need: keyframes from the newest frame's left keyframe on
+        keep_from = ta[max(range(len(sel)), key=lambda j: ts[j])]
         with st.lock:
-            for t_key, kf in table.items():
-                if t_key >= keep_from and (t_key not in st.keys or t_key in todo):
-                    st.keys[t_key] = KeyFrame(kf.src, kf.img.clone(), kf.x_d.clone(),
-                                              None if kf.mask is None else kf.mask.clone())
+            for ref in sorted(todo, key=lambda r: r in own.values()):  # a frame's own source wins
+                if ref[0] >= keep_from:
+                    kf = table[ref]
+                    st.keys[ref[0]] = KeyFrame(kf.src, kf.img.clone(), kf.x_d.clone(),
+                                               None if kf.mask is None else kf.mask.clone())
             for t_key in [t for t in st.keys if t < keep_from]:
                 del st.keys[t_key]
         return out
