@@ -1,6 +1,7 @@
 """Ditto: our streaming pipeline vs the reference-style pipeline of the PyTorch release, one process.
 
     python -m benchmarks.ditto_bench [--size 1080x1920] [--seconds 6.6] [--steps 4] [--compile] [--json out.json]
+    python -m benchmarks.ditto_bench --stride 4 [--stride-mode mask]   # + stride mode: fps and PSNR vs dense
     python -m benchmarks.ditto_bench --quick        # CPU smoke test (tiny sizes, developer options)
     python -m benchmarks.run --engines ditto [--quick]
 
@@ -16,7 +17,13 @@ avatar (the yongen loop prebaked at --size):
   window adds in a stream);
 * avatar cold start: our packet opened until every array is addressable vs loading the pickled
   ``source_info`` a user of the release would cache; the Ditto prebake (registration) time;
-* FLOPs per frame of warp + decoder (torch FlopCounterMode) and the share of the GPU's peak.
+* FLOPs per frame of warp + decoder (torch FlopCounterMode) and the share of the GPU's peak;
+* ``--stride K`` (engines/ditto/stride.py): the same figures as "ours" for ``DittoEngine(stride=K)``
+  (warp + decode every K-th frame), next to the dense ones, and the quality cost: PSNR (dB) of the
+  stride ROIs vs the dense ROIs ([0, 255], float) on the same seeded weights and audio, over all
+  frames and over the interpolated frames only, for every interpolation mode (``--stride-psnr-modes``).
+  With seeded weights the decoder saturates ~99% of pixels and the seeded motion jumps ~20x more per
+  frame than a talking head's, so this figure is far below what real weights give (stride.py doc).
 
 ``--quick`` (CPU): 0.2 s of audio and the developer options ``input_size=128`` (256 crops) and a
 2-layer HuBERT, so the whole section runs in a few minutes on two cores. Figures from it only
@@ -57,6 +64,80 @@ def flops_per_frame(engine) -> dict[str, float]:
         m.decoder(feat)
     dec = fc.get_total_flops()
     return {"warp_gflop": warp / 1e9, "decoder_gflop": dec / 1e9, "total_gflop": (warp + dec) / 1e9}
+
+
+@torch.no_grad()
+def stride_psnr(dense, strided: dict[str, Any], packet, seconds: float, chunk: int) -> dict[str, Any]:
+    """PSNR of stride renders vs dense renders (ROI images, [0, 255]) of the same audio, per mode.
+
+    Rendered like the runner does (chunks of ``chunk`` consecutive frames on the ping-pong loop);
+    ``strided``: {mode: DittoEngine(stride=K, stride_mode=mode)} sharing ``dense``'s networks."""
+    import soxr
+
+    from newsstudio.engines.base import pingpong_index
+    from newsstudio.engines.ditto.engine import DRIVING_DIM
+
+    from .run import segment_audio
+
+    a = segment_audio(seconds)
+    mono = a.samples.mean(axis=0)
+    pcm = soxr.resample(mono, a.sample_rate, 16000).astype(np.float32) if a.sample_rate != 16000 else mono
+
+    def stream(engine):
+        layer = engine.load_avatar(packet)
+        cond, drv = engine.conditioner(25), engine.driver(layer)
+        cond.push(pcm)
+        cond.close()
+        drv.push(cond.take(cond.ready))
+        drv.close()
+        return layer, drv, drv.take(drv.ready)
+
+    def rois(engine, layer, rows):
+        n = rows.shape[0]
+        for s in range(0, n, chunk):
+            m = min(chunk, n - s)
+            idx = pingpong_index(torch.arange(s, s + m, device=engine.device), layer.n_frames)
+            yield s, engine.render(layer, rows[s : s + m], idx)
+
+    layer, _, rows = stream(dense)
+    ref = torch.cat([r for _, r in rois(dense, layer, rows)])
+    n = ref.shape[0]
+    out: dict[str, Any] = {"frames": n}
+    for mode, eng in strided.items():
+        lay, drv, srows = stream(eng)  # drv: keeps the stream's keyframe cache alive while rendering
+        if not torch.allclose(srows[:, :DRIVING_DIM], rows, atol=1e-5):
+            raise RuntimeError("stride and dense drivers made different motion from the same audio")
+        key = (srows[:, DRIVING_DIM] == srows[:, DRIVING_DIM + 2]).cpu()
+        before = eng._strider.network_frames
+        err = torch.zeros(n, dtype=torch.float64)
+        for s, r in rois(eng, lay, srows):
+            err[s : s + r.shape[0]] = (r.double() - ref[s : s + r.shape[0]].double()).pow(2).mean(dim=(1, 2, 3)).cpu()
+
+        def db(mse: torch.Tensor) -> float:
+            v = float(mse.mean()) if mse.numel() else 0.0
+            return float("inf") if v == 0 else 10 * np.log10(255.0**2 / v)
+
+        out[mode] = {"psnr_all_db": db(err), "psnr_inbetween_db": db(err[~key]), "psnr_keyframes_db": db(err[key]),
+                     "network_frames": eng._strider.network_frames - before, "keyframes": int(key.sum())}
+        del drv
+    return out
+
+
+def stride_figures(packet, device: torch.device, seconds: float, chunk: int, repeat: int, workdir: Path, *, stride: int,
+                   mode: str, psnr_modes: list[str], dense_engine, engine_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """fps etc. of ``DittoEngine(stride=K)`` (same figures as "ours") and its PSNR vs dense."""
+    from newsstudio.engines.ditto.engine import DittoEngine
+
+    from .run import engine_figures
+
+    eng = DittoEngine(device, stride=stride, stride_mode=mode, **engine_kwargs)
+    eng.load_avatar(packet)
+    print(f"[ditto] stride {stride} ({mode}): warm-up and {repeat} runs ...", file=sys.stderr, flush=True)
+    out: dict[str, Any] = {"stride": stride, "mode": mode, "ours": engine_figures(eng, packet, seconds, chunk, repeat, workdir)}
+    engines = {m: (eng if m == mode else DittoEngine(device, stride=stride, stride_mode=m, **engine_kwargs)) for m in psnr_modes}
+    print(f"[ditto] stride {stride}: PSNR vs dense for modes {list(engines)} ...", file=sys.stderr, flush=True)
+    out["psnr"] = stride_psnr(dense_engine, engines, packet, seconds, chunk)
+    return out
 
 
 @torch.no_grad()
@@ -113,7 +194,8 @@ def cold_start_figures(packet, source_pickle: Path, repeat: int, official_repeat
 
 def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, workdir: Path, quick: bool = False, *,
                 steps: int = 4, compile: bool = False, salt: int = 0, official_repeat: int = 3,
-                peak_tflops: float | None = None, skip_reference: bool = False) -> dict[str, Any]:
+                peak_tflops: float | None = None, skip_reference: bool = False, stride: int = 1,
+                stride_mode: str = "mask", stride_psnr_modes: list[str] | None = None) -> dict[str, Any]:
     """All Ditto figures for one avatar packet on one device: {"ours", "reference", "lmdm", "cold_start", ...}."""
     from newsstudio.engines.ditto.engine import DittoEngine
 
@@ -146,6 +228,10 @@ def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, 
 
     print(f"[ditto] ours: warm-up and {repeat} dense runs ...", file=sys.stderr, flush=True)
     out["ours"] = engine_figures(engine, packet, seconds, chunk, repeat, workdir)
+    if stride > 1:
+        out["stride"] = stride_figures(packet, device, seconds, chunk, repeat, workdir, stride=stride, mode=stride_mode,
+                                       psnr_modes=stride_psnr_modes or [stride_mode], dense_engine=engine,
+                                       engine_kwargs=dict(weights="random", salt=salt, steps=steps, compile=compile, **opts))
     print("[ditto] LMDM window timing ...", file=sys.stderr, flush=True)
     out["lmdm"] = lmdm_figures(engine.models.lmdm, device, steps, engine.config.overlap_v2, repeat=max(3, repeat * 3))
     if not skip_reference:
@@ -166,6 +252,11 @@ def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, 
         for path in ("ours", "reference"):
             if path in out:
                 out[path]["pct_of_peak"] = 100 * out[path]["dense_fps"] * fl["total_gflop"] / (peak * 1e3)
+        if "stride" in out:  # FLOPs actually spent: network frames / frames of the dense figure
+            st = out["stride"]
+            p = st["psnr"][st["mode"]]
+            st["ours"]["pct_of_peak"] = (100 * st["ours"]["dense_fps"] * fl["total_gflop"] * p["network_frames"]
+                                         / st["psnr"]["frames"] / (peak * 1e3))
     if device.type == "cuda":
         out["gpu_peak_mem_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
     return out
@@ -193,6 +284,18 @@ def print_table(sec: dict[str, Any]) -> None:
     if cs:
         row("avatar cold start, ms", f"{cs['ours_ms']:.3f}", f"{cs['official_ms']:.1f}", f"{cs['ratio']:.0f}x")
     row("segment -> MP4 with audio, s", f"{o['segment_mp4_s']:.2f}")
+    st = sec.get("stride")
+    if st:
+        so, k = st["ours"], st["stride"]
+        print(f"| **stride {k}** ({st['mode']}): fps, NV12 {w}x{h} | {so['dense_fps']:.1f} | dense (ours) {o['dense_fps']:.1f} | "
+              f"{so['dense_fps'] / o['dense_fps']:.2f}x |")
+        row(f"stride {k}: time to first frame, ms / segment -> MP4, s", f"{so['ttff_ms']:.1f} / {so['segment_mp4_s']:.2f}")
+        ps = st["psnr"]
+        for mode in [m for m in ps if m != "frames"]:
+            p = ps[mode]
+            row(f"stride {k} PSNR vs dense, {mode}: all / in-between / keyframes, dB",
+                f"{p['psnr_all_db']:.2f} / {p['psnr_inbetween_db']:.2f} / {p['psnr_keyframes_db']:.1f}",
+                f"{p['network_frames']} of {ps['frames']} frames through warp + decode")
     fl = sec["flops_per_frame"]
     row("warp + decoder GFLOP/frame", f"{fl['total_gflop']:.0f} (warp {fl['warp_gflop']:.0f}, decoder {fl['decoder_gflop']:.0f})")
     if "pct_of_peak" in o:
@@ -215,6 +318,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--salt", type=int, default=0)
     ap.add_argument("--peak-tflops", type=float, default=None)
     ap.add_argument("--skip-reference", action="store_true")
+    ap.add_argument("--stride", type=int, default=1, help="also run DittoEngine(stride=K): fps and PSNR vs dense")
+    ap.add_argument("--stride-mode", default="mask", help="interpolation of the stride run (mask, heatmap, blend, nearest)")
+    ap.add_argument("--stride-psnr-modes", default="mask,heatmap,blend,nearest",
+                    help="modes whose PSNR vs dense is measured (cheap: keyframes only)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="CPU smoke test (see the module doc)")
@@ -233,7 +340,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     out["avatar_prebake_s"] = time.perf_counter() - t
     sec = run_section(packet, device, args.seconds, args.chunk, args.repeat, work, args.quick, steps=args.steps,
                       compile=args.compile, salt=args.salt, official_repeat=args.official_repeat,
-                      peak_tflops=args.peak_tflops, skip_reference=args.skip_reference)
+                      peak_tflops=args.peak_tflops, skip_reference=args.skip_reference, stride=args.stride,
+                      stride_mode=args.stride_mode,
+                      stride_psnr_modes=list(dict.fromkeys([args.stride_mode, *filter(None, args.stride_psnr_modes.split(","))])))
     out["ditto"] = sec
     print_table(sec)
     write_json(args.json, out)
