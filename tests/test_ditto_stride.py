@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from newsstudio.avatar.packet import PacketWriter, open_packet
+from newsstudio.avatar.packet import PacketWriter
 from newsstudio.compose.splice import sample_crops_to_roi
 from newsstudio.engines.base import TensorFrameQueue, pingpong_index
 from newsstudio.engines.ditto import stride as S
@@ -164,7 +164,7 @@ def test_stride_3_renders_only_keyframes(dense, video_packet):
     assert (out[key] - ref[key]).abs().max() < 2.0 and psnr(out[key], ref[key]) > 75
     inb = [1, 2, 4, 5]
     # Measured: in-betweens 9.7 dB from dense, while consecutive dense frames are 8.9 dB apart (the
-    # seeded stitcher moves keypoints ~0.2 per frame, 20x a talking head, and the seeded decoder
+    # seeded stitcher moves keypoints ~0.2 per frame, tens of times a talking head, and the seeded decoder
     # saturates 99% of pixels; see stride.py). A regression guard: the interpolation must stay
     # closer to dense than the neighbouring dense frame is. The quality claim on content that moves
     # like a face is test_motion_compensation_beats_blending.
