@@ -22,8 +22,8 @@ avatar (the yongen loop prebaked at --size):
   (warp + decode every K-th frame), next to the dense ones, and the quality cost: PSNR (dB) of the
   stride ROIs vs the dense ROIs ([0, 255], float) on the same seeded weights and audio, over all
   frames and over the interpolated frames only, for every interpolation mode (``--stride-psnr-modes``).
-  With seeded weights the decoder saturates ~99% of pixels and the seeded motion jumps ~20x more per
-  frame than a talking head's, so this figure is far below what real weights give (stride.py doc).
+  With seeded weights the decoder saturates ~99% of pixels and the seeded keypoints jump tens of times
+  more per frame than a talking head's, so this figure is far below what real weights give (stride.py doc).
 
 ``--quick`` (CPU): 0.2 s of audio and the developer options ``input_size=128`` (256 crops) and a
 2-layer HuBERT, so the whole section runs in a few minutes on two cores. Figures from it only
