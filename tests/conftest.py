@@ -39,3 +39,28 @@ def astronaut_packet(tmp_path_factory):
     src = root / "astronaut.png"
     Image.fromarray(data.astronaut()).resize((256, 256)).save(src)
     return prebake(src, "astronaut", root=root, progress=False)
+
+
+def shifted_video_packet(src, dest, shifts):
+    """A small "video loop" packet: frame 0 of `src` translated by each (dx, dy) in `shifts`, with
+    its landmarks and mesh moved along (the ping-pong source pattern matters to some engines)."""
+    import cv2
+    import numpy as np
+
+    from newsstudio.avatar.packet import PacketWriter
+    from newsstudio.compose.colour import nv12_to_rgb, rgb_to_nv12
+
+    base = src.array("frames_nv12")[0]
+    h, w = base.shape[0] * 2 // 3, base.shape[1]
+    rgb = nv12_to_rgb(torch.from_numpy(np.array(base))[None])[0].numpy()
+    frames, lms, meshes = [], [], []
+    for dx, dy in shifts:
+        m = np.float32([[1, 0, dx], [0, 1, dy]])
+        frames.append(rgb_to_nv12(cv2.warpAffine(rgb, m, (w, h), borderMode=cv2.BORDER_REPLICATE)[None]).numpy()[0])
+        lms.append(src.array("landmarks68")[0] + np.float32([dx, dy]))
+        meshes.append(src.array("mesh")[0] + np.float32([dx, dy]))
+    with PacketWriter(dest, dest.name, {**src.meta, "n_frames": len(shifts), "kind": "video"}) as wr:
+        wr.add("frames_nv12", np.stack(frames))
+        wr.add("landmarks68", np.stack(lms))
+        wr.add("mesh", np.stack(meshes))
+        return wr.commit()

@@ -19,8 +19,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from newsstudio.avatar.packet import PacketWriter, open_packet
-from newsstudio.compose.colour import rgb_to_nv12
+from conftest import shifted_video_packet
+from newsstudio.avatar.packet import open_packet
 from newsstudio.compose.splice import sample_crops_to_roi
 from newsstudio.engines.ditto import config as dcfg
 from newsstudio.engines.ditto import weights as dweights
@@ -64,22 +64,7 @@ def packet(astronaut_packet, tmp_path_factory, engine):
 
 def _make_video_packet(src, dest):
     """A 3-frame 'video loop': the astronaut translated by a few pixels per frame."""
-    from newsstudio.compose.colour import nv12_to_rgb
-
-    base = src.array("frames_nv12")[0]
-    h, w = base.shape[0] * 2 // 3, base.shape[1]
-    rgb = nv12_to_rgb(torch.from_numpy(np.ascontiguousarray(base))[None])[0].numpy()
-    frames, lms, meshes = [], [], []
-    for dx, dy in SHIFTS:
-        m = np.float32([[1, 0, dx], [0, 1, dy]])
-        frames.append(rgb_to_nv12(torch.from_numpy(cv2.warpAffine(rgb, m, (w, h), borderMode=cv2.BORDER_REPLICATE))[None]).numpy()[0])
-        lms.append(src.array("landmarks68")[0] + np.float32([dx, dy]))
-        meshes.append(src.array("mesh")[0] + np.float32([dx, dy]))
-    with PacketWriter(dest, dest.name, {**src.meta, "n_frames": len(SHIFTS), "kind": "video"}) as wr:
-        wr.add("frames_nv12", np.stack(frames))
-        wr.add("landmarks68", np.stack(lms))
-        wr.add("mesh", np.stack(meshes))
-        return wr.commit()
+    return shifted_video_packet(src, dest, SHIFTS)
 
 
 SHIFTS = [(0, 0), (6, 2), (12, -4)]

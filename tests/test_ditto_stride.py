@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from newsstudio.avatar.packet import PacketWriter
+from conftest import shifted_video_packet
 from newsstudio.compose.splice import sample_crops_to_roi
 from newsstudio.engines.base import TensorFrameQueue, pingpong_index
 from newsstudio.engines.ditto import stride as S
@@ -51,26 +51,7 @@ def dense():
 
 @pytest.fixture(scope="module")
 def video_packet(astronaut_packet, tmp_path_factory, dense):
-    from newsstudio.compose.colour import nv12_to_rgb, rgb_to_nv12
-
-    import cv2
-
-    src = astronaut_packet
-    dest = tmp_path_factory.mktemp("ditto_stride") / "loop"
-    base = src.array("frames_nv12")[0]
-    h, w = base.shape[0] * 2 // 3, base.shape[1]
-    rgb = nv12_to_rgb(torch.from_numpy(np.array(base))[None])[0].numpy()
-    frames, lms, meshes = [], [], []
-    for dx, dy in SHIFTS:
-        m = np.float32([[1, 0, dx], [0, 1, dy]])
-        frames.append(rgb_to_nv12(torch.from_numpy(cv2.warpAffine(rgb, m, (w, h), borderMode=cv2.BORDER_REPLICATE))[None]).numpy()[0])
-        lms.append(src.array("landmarks68")[0] + np.float32([dx, dy]))
-        meshes.append(src.array("mesh")[0] + np.float32([dx, dy]))
-    with PacketWriter(dest, dest.name, {**src.meta, "n_frames": len(SHIFTS), "kind": "video"}) as wr:
-        wr.add("frames_nv12", np.stack(frames))
-        wr.add("landmarks68", np.stack(lms))
-        wr.add("mesh", np.stack(meshes))
-        packet = wr.commit()
+    packet = shifted_video_packet(astronaut_packet, tmp_path_factory.mktemp("ditto_stride") / "loop", SHIFTS)
     return dense.prebake(packet, progress=False)
 
 
