@@ -75,3 +75,27 @@ def machine() -> dict[str, Any]:
 def write_json(path: str | os.PathLike[str] | None, data: dict[str, Any]) -> None:
     if path:
         Path(path).write_text(json.dumps(data, indent=1, default=str))
+
+
+def parse_variant(spec: str) -> tuple[str, bool | None]:
+    """`ACCEL[:nchw]` -> (accel mode, channels_last: False for ':nchw', None = the engine's default)."""
+    from newsstudio.accel import MODES
+
+    accel, _, layout = spec.partition(":")
+    if accel not in MODES or layout not in ("", "nchw"):
+        raise SystemExit(f"--variants: {spec!r} is not ACCEL[:nchw] with ACCEL one of {MODES}")
+    return accel, (False if layout else None)
+
+
+def check_variant_order(specs: list[tuple[str, bool | None]]) -> list[tuple[str, bool | None]]:
+    """Engines of one process share their networks and channels_last converts them in place, so
+    the ':nchw' variants must be timed first."""
+    if [cl for _, cl in specs] != sorted((cl for _, cl in specs), key=lambda cl: cl is None):
+        raise SystemExit("--variants: list the ':nchw' variants first (channels_last converts the shared weights in place)")
+    return specs
+
+
+def weights_channels_last(module: torch.nn.Module) -> bool:
+    """Whether the module's first 4-D weight is stored channels_last (what actually ran)."""
+    w = next(p for p in module.parameters() if p.dim() == 4)
+    return bool(w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous())

@@ -41,7 +41,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .common import avatar, machine, media, median, sync, timed, write_json
+from .common import (avatar, check_variant_order, machine, media, median, parse_variant, sync, timed,
+                     weights_channels_last, write_json)
 
 H200_PEAK_TFLOPS = 776.0  # measured dense bf16/fp16 peak of our H200 (BRIEF section 4)
 QUICK_OPTIONS = {"input_size": 128, "hubert_layers": 2}
@@ -195,7 +196,8 @@ def cold_start_figures(packet, source_pickle: Path, repeat: int, official_repeat
 def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, workdir: Path, quick: bool = False, *,
                 steps: int = 4, compile: bool = False, salt: int = 0, official_repeat: int = 3,
                 peak_tflops: float | None = None, skip_reference: bool = False, stride: int = 1,
-                stride_mode: str = "mask", stride_psnr_modes: list[str] | None = None) -> dict[str, Any]:
+                stride_mode: str = "mask", stride_psnr_modes: list[str] | None = None,
+                variants: list[str] | None = None) -> dict[str, Any]:
     """All Ditto figures for one avatar packet on one device: {"ours", "reference", "lmdm", "cold_start", ...}."""
     from newsstudio.engines.ditto.engine import DittoEngine
 
@@ -212,8 +214,13 @@ def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
+    if not variants:
+        variants = ["compile+cudagraph" if compile else ("cudagraph" if device.type == "cuda" else "eager")]
+    specs = check_variant_order([parse_variant(v) for v in variants])
+    out["variants_order"] = list(variants)
     t = time.perf_counter()
-    engine = DittoEngine(device, weights="random", salt=salt, steps=steps, compile=compile, **opts)
+    accel, cl = specs[0]
+    engine = DittoEngine(device, weights="random", salt=salt, steps=steps, accel=accel, channels_last=cl, **opts)
     sync(device)
     out["engine_load_s"] = time.perf_counter() - t
     t = time.perf_counter()
@@ -226,18 +233,31 @@ def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, 
     sync(device)
     out["layer_upload_s"] = time.perf_counter() - t
 
-    print(f"[ditto] ours: warm-up and {repeat} dense runs ...", file=sys.stderr, flush=True)
-    out["ours"] = engine_figures(engine, packet, seconds, chunk, repeat, workdir)
+    out["variants"] = {}
+    first = engine
+    for k, (spec, (accel, cl)) in enumerate(zip(variants, specs)):
+        if k:
+            engine = DittoEngine(device, weights="random", salt=salt, steps=steps, accel=accel, channels_last=cl, **opts)
+        print(f"[ditto] ours ({spec}): warm-up and {repeat} dense runs ...", file=sys.stderr, flush=True)
+        fig = engine_figures(engine, packet, seconds, chunk, repeat, workdir)
+        fig.update(accel=engine.accel, channels_last=weights_channels_last(engine.models.decoder),
+                   compile_s=engine._crop_runner.compile_seconds)
+        out["variants"][spec] = fig
+        print(f"[ditto] ours ({spec}): {fig['dense_fps']:.1f} fps, TTFF {fig['ttff_ms']:.1f} ms", file=sys.stderr, flush=True)
+    engine = first
+    out["ours"] = out["variants"][variants[0]]
     if stride > 1:
         out["stride"] = stride_figures(packet, device, seconds, chunk, repeat, workdir, stride=stride, mode=stride_mode,
                                        psnr_modes=stride_psnr_modes or [stride_mode], dense_engine=engine,
-                                       engine_kwargs=dict(weights="random", salt=salt, steps=steps, compile=compile, **opts))
+                                       engine_kwargs=dict(weights="random", salt=salt, steps=steps, accel=specs[0][0], **opts))
     print("[ditto] LMDM window timing ...", file=sys.stderr, flush=True)
     out["lmdm"] = lmdm_figures(engine.models.lmdm, device, steps, engine.config.overlap_v2, repeat=max(3, repeat * 3))
     if not skip_reference:
         print(f"[ditto] reference: warm-up and {repeat} runs ...", file=sys.stderr, flush=True)
         out["reference"] = reference_figures(engine, packet, seconds, repeat, workdir, steps, salt)
         out["cold_start"] = cold_start_figures(packet, Path(out["reference"]["source_pickle"]), max(5, 5 * repeat), official_repeat)
+        for fig in out["variants"].values():
+            fig["ratio_dense_fps"] = fig["dense_fps"] / out["reference"]["dense_fps"]
         out["ratios"] = {
             "dense_fps": out["ours"]["dense_fps"] / out["reference"]["dense_fps"],
             "ttff": out["reference"]["ttff_ms"] / out["ours"]["ttff_ms"],
@@ -249,9 +269,9 @@ def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, 
     peak = peak_tflops if peak_tflops else (H200_PEAK_TFLOPS if device.type == "cuda" else None)
     if peak:
         out["peak_tflops"] = peak
-        for path in ("ours", "reference"):
-            if path in out:
-                out[path]["pct_of_peak"] = 100 * out[path]["dense_fps"] * fl["total_gflop"] / (peak * 1e3)
+        for fig in [*out["variants"].values(), out.get("reference")]:
+            if fig:
+                fig["pct_of_peak"] = 100 * fig["dense_fps"] * fl["total_gflop"] / (peak * 1e3)
         if "stride" in out:  # FLOPs actually spent: network frames / frames of the dense figure
             st = out["stride"]
             p = st["psnr"][st["mode"]]
@@ -298,6 +318,9 @@ def print_table(sec: dict[str, Any]) -> None:
                 f"{p['network_frames']} of {ps['frames']} frames through warp + decode")
     fl = sec["flops_per_frame"]
     row("warp + decoder GFLOP/frame", f"{fl['total_gflop']:.0f} (warp {fl['warp_gflop']:.0f}, decoder {fl['decoder_gflop']:.0f})")
+    for spec, v in sec.get("variants", {}).items():
+        row(f"variant {spec}: dense fps / TTFF ms", f"{v['dense_fps']:.1f} / {v['ttff_ms']:.1f}", "-",
+            f"{v['ratio_dense_fps']:.2f}x" if "ratio_dense_fps" in v else "-")
     if "pct_of_peak" in o:
         row(f"% of {sec['peak_tflops']:.0f} TFLOP/s peak", f"{o['pct_of_peak']:.1f}", f"{r['pct_of_peak']:.1f}" if r else "-")
     print(f"engine load {sec['engine_load_s']:.1f} s, Ditto prebake {sec['ditto_prebake_s']:.2f} s, layer upload "
@@ -315,6 +338,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--official-repeat", type=int, default=3)
     ap.add_argument("--max-frames", type=int, default=750, help="avatar frames used")
     ap.add_argument("--compile", action="store_true", help="torch.compile warp + decoder (our path)")
+    ap.add_argument("--variants", default=None, help="engine configurations to time, ACCEL[:nchw],... (first = compared)")
     ap.add_argument("--salt", type=int, default=0)
     ap.add_argument("--peak-tflops", type=float, default=None)
     ap.add_argument("--skip-reference", action="store_true")
@@ -341,7 +365,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     sec = run_section(packet, device, args.seconds, args.chunk, args.repeat, work, args.quick, steps=args.steps,
                       compile=args.compile, salt=args.salt, official_repeat=args.official_repeat,
                       peak_tflops=args.peak_tflops, skip_reference=args.skip_reference, stride=args.stride,
-                      stride_mode=args.stride_mode,
+                      stride_mode=args.stride_mode, variants=[v for v in (args.variants or "").split(",") if v] or None,
                       stride_psnr_modes=list(dict.fromkeys([args.stride_mode, *filter(None, args.stride_psnr_modes.split(","))])))
     out["ditto"] = sec
     print_table(sec)

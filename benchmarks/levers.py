@@ -245,6 +245,8 @@ def levers_for(net: Net, half: str) -> list[Lever]:
             Lever("fp8 cudagraph", "half", mode="cudagraph", fp8=True),
             Lever(f"{h} compile", "half", mode="compile"),
             Lever(f"{h} compile+cudagraph", "half", mode="compile+cudagraph"),
+            Lever(f"{h} channels_last cudagraph", "half", mode="cudagraph", channels_last=True),
+            Lever(f"{h} channels_last compile+cudagraph", "half", mode="compile+cudagraph", channels_last=True),
             Lever("fp8 compile+cudagraph", "half", mode="compile+cudagraph", fp8=True)]
     return out
 

@@ -1,16 +1,18 @@
 """MuseTalk: our streaming pipeline vs the reference-style realtime pipeline, one process, one GPU.
 
-    python -m benchmarks.musetalk_bench [--size 1080x1920] [--seconds 6.6] [--compile] [--json out.json]
+    python -m benchmarks.musetalk_bench [--size 1080x1920] [--seconds 6.6] [--variants cudagraph,compile+cudagraph]
+                                        [--json out.json]
     python -m benchmarks.musetalk_bench --quick          # CPU smoke test: tiny sizes, tiny test networks
 
 Both paths use the same seeded random weights (speed does not depend on weight values) and the same
 avatar (the yongen loop prebaked at --size, with landmarks carried to GPU machines by
 benchmarks/prepare_carry.py):
 
-* ours: `stream_generator` (incremental Whisper features + UNet + VAE decode + grid resize + NV12
+* ours, once per --variants entry (`ACCEL[:nchw]`: the engine's `accel` mode, `:nchw` = without
+  channels_last; the first entry is the one compared with the reference): `stream_generator` (incremental Whisper features + UNet + VAE decode + grid resize + NV12
   splice on the device), warm; dense fps with frames copied to the CPU (the default) and kept on
   the device, time to first frame (audio available, chunk of --ttff-chunk frames), the segment to an
-  MP4 with audio on disk;
+  MP4 with audio on disk, and the render stage alone (UNet + decode + resize, batch --chunk);
 * reference: benchmarks/musetalk_reference.py (official avatar folder, whole-file features, eager
   fp16 batches of 20, CPU blending thread with PIL), warm;
 * avatar cold start of both layouts (packet open vs PNG/pickle/latents.pt load), FLOPs per frame
@@ -30,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .common import avatar, machine, media, median, sync, write_json
+from .common import avatar, check_variant_order, machine, media, median, parse_variant, sync, timed, weights_channels_last, write_json
 
 H200_PEAK_TFLOPS = 776.0  # measured dense bf16/fp16 peak of our H200 (BRIEF section 4)
 
@@ -109,6 +111,16 @@ def ours_figures(engine, packet, audio_path: Path, fps: int, chunk: int, ttff_ch
         return time.perf_counter() - t0
 
     mp4 = [to_mp4() for _ in range(max(1, repeat // 2))]
+
+    def render_stage() -> float:
+        """Frames/s of engine.render alone (UNet + VAE decode + resize into the boxes), batch `chunk`."""
+        layer = engine.load_avatar(packet)
+        idx = torch.arange(chunk, device=dev) % packet.n_frames
+        prompts = engine.idle_driving(chunk).contiguous()
+        ts = timed(lambda: engine.render(layer, prompts, idx), dev, repeat=10, warmup=2)
+        return chunk / median(ts)
+
+    render_fps = render_stage()
     n = cpu_runs[0][0]
     assert n == n_warm and all(r[0] == n for r in cpu_runs + dev_runs), "frame counts differ between runs"
     return {
@@ -119,6 +131,7 @@ def ours_figures(engine, packet, audio_path: Path, fps: int, chunk: int, ttff_ch
         "ttff_ms": median(ttffs) * 1e3,
         "ttff_ms_all": [x * 1e3 for x in ttffs],
         "segment_mp4_s": median(mp4),
+        "render_stage_fps": render_fps,
         "warmup_s": warm_s,
         "chunk": chunk,
         "ttff_chunk": ttff_chunk,
@@ -157,7 +170,7 @@ def cold_start_figures(packet, folder: Path, repeat: int, official_repeat: int) 
 def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, workdir: Path, quick: bool = False, *,
                 audio: Path | None = None, fps: int = 25, compile: bool = False, salt: int = 0, ttff_chunk: int = 4,
                 ref_batch: int = 20, official_repeat: int = 3, peak_tflops: float | None = None,
-                skip_reference: bool = False) -> dict[str, Any]:
+                skip_reference: bool = False, variants: list[str] | None = None) -> dict[str, Any]:
     """All MuseTalk figures for one avatar packet on one device (see the module docstring)."""
     from newsstudio.engines.musetalk.engine import TINY_UNET_CONFIG, TINY_VAE_CONFIG, MuseTalkEngine
 
@@ -170,8 +183,13 @@ def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
+    if not variants:
+        variants = ["compile+cudagraph" if compile else ("cudagraph" if device.type == "cuda" else "eager")]
+    specs = check_variant_order([parse_variant(v) for v in variants])
+    out["variants_order"] = list(variants)
     t = time.perf_counter()
-    engine = MuseTalkEngine(device, weights="random", salt=salt, compile=compile, **tiny)
+    accel, cl = specs[0]
+    engine = MuseTalkEngine(device, weights="random", salt=salt, accel=accel, channels_last=cl, **tiny)
     sync(device)
     out["engine_load_s"] = time.perf_counter() - t
     t = time.perf_counter()
@@ -189,13 +207,25 @@ def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, 
     warm_audio = segment_wav(src, 1.0, workdir / "musetalk_warm.wav")
     out["audio"] = {"source": str(src), "seconds": seconds}
 
-    print(f"[musetalk] ours: warm-up and {repeat} dense runs ...", file=sys.stderr, flush=True)
-    out["ours"] = ours_figures(engine, packet, audio_path, fps, chunk, ttff_chunk, repeat, workdir,
-                               ttff_repeat=1 if quick else 5)
+    out["variants"] = {}
+    for k, (spec, (accel, cl)) in enumerate(zip(variants, specs)):
+        if k:
+            engine = MuseTalkEngine(device, weights="random", salt=salt, accel=accel, channels_last=cl, **tiny)
+        print(f"[musetalk] ours ({spec}): warm-up and {repeat} dense runs ...", file=sys.stderr, flush=True)
+        fig = ours_figures(engine, packet, audio_path, fps, chunk, ttff_chunk, repeat, workdir,
+                           ttff_repeat=1 if quick else 5)
+        fig.update(accel=engine.accel, channels_last=weights_channels_last(engine.models.vae),
+                   compile_s=engine._face_runner.compile_seconds)
+        out["variants"][spec] = fig
+        print(f"[musetalk] ours ({spec}): {fig['dense_fps']:.1f} fps, render stage {fig['render_stage_fps']:.1f} fps, "
+              f"TTFF {fig['ttff_ms']:.1f} ms", file=sys.stderr, flush=True)
+    out["ours"] = out["variants"][variants[0]]
     if not skip_reference:
         print(f"[musetalk] reference: official layout, warm-up and {repeat} runs ...", file=sys.stderr, flush=True)
         out["reference"] = reference_figures(engine, packet, audio_path, warm_audio, fps, ref_batch, repeat, workdir)
         out["cold_start"] = cold_start_figures(packet, Path(out["reference"]["folder"]), max(5, 5 * repeat), official_repeat)
+        for fig in out["variants"].values():
+            fig["ratio_dense_fps"] = fig["dense_fps"] / out["reference"]["dense_fps"]
         out["ratios"] = {
             "dense_fps": out["ours"]["dense_fps"] / out["reference"]["dense_fps"],
             "ttff": out["reference"]["ttff_ms"] / out["ours"]["ttff_ms"],
@@ -206,7 +236,8 @@ def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, 
     peak = peak_tflops if peak_tflops else (H200_PEAK_TFLOPS if device.type == "cuda" else None)
     if peak:
         out["peak_tflops"] = peak
-        out["ours"]["pct_of_peak"] = 100 * out["ours"]["dense_fps"] * fl["total_gflop"] / (peak * 1e3)
+        for fig in out["variants"].values():
+            fig["pct_of_peak"] = 100 * fig["dense_fps"] * fl["total_gflop"] / (peak * 1e3)
         if "reference" in out:
             out["reference"]["pct_of_peak"] = 100 * out["reference"]["dense_fps"] * fl["total_gflop"] / (peak * 1e3)
     if device.type == "cuda":
@@ -235,6 +266,9 @@ def print_table(sec: dict[str, Any]) -> None:
     if cs:
         row("avatar cold start, ms", f"{cs['ours_ms']:.3f}", f"{cs['official_ms']:.1f}", f"{cs['ratio']:.0f}x")
     row("segment -> MP4 with audio, s", f"{o['segment_mp4_s']:.2f}")
+    for spec, v in sec.get("variants", {}).items():
+        row(f"variant {spec}: dense fps / render stage fps / TTFF ms", f"{v['dense_fps']:.1f} / {v['render_stage_fps']:.1f} / "
+            f"{v['ttff_ms']:.1f}", "-", f"{v['ratio_dense_fps']:.2f}x" if "ratio_dense_fps" in v else "-")
     fl = sec["flops_per_frame"]
     row("UNet + VAE decode GFLOP/frame", f"{fl['total_gflop']:.1f} (UNet {fl['unet_gflop']:.1f}, VAE {fl['vae_decode_gflop']:.1f})")
     if "pct_of_peak" in o:
@@ -258,6 +292,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--official-repeat", type=int, default=3, help="loads of the official avatar layout timed")
     ap.add_argument("--max-frames", type=int, default=750, help="avatar frames used")
     ap.add_argument("--compile", action="store_true", help="torch.compile the UNet and VAE decoder (our path)")
+    ap.add_argument("--variants", default=None, help="engine configurations to time, ACCEL[:nchw],... (first = compared)")
     ap.add_argument("--salt", type=int, default=0)
     ap.add_argument("--peak-tflops", type=float, default=None, help=f"GPU peak for the %% column (default {H200_PEAK_TFLOPS:g} on CUDA)")
     ap.add_argument("--skip-reference", action="store_true")
@@ -280,7 +315,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     sec = run_section(packet, device, args.seconds or None, args.chunk, args.repeat, work, args.quick,
                       audio=Path(args.audio) if args.audio else None, fps=args.fps, compile=args.compile, salt=args.salt,
                       ttff_chunk=args.ttff_chunk, ref_batch=args.ref_batch, official_repeat=args.official_repeat,
-                      peak_tflops=args.peak_tflops, skip_reference=args.skip_reference)
+                      peak_tflops=args.peak_tflops, skip_reference=args.skip_reference,
+                      variants=[v for v in (args.variants or "").split(",") if v] or None)
     out["musetalk"] = sec
     print_table(sec)
     write_json(args.json, out)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from newsstudio.accel import (
-    Fp8Linear, StaticBatchRunner, cast_, channels_last, configure_compile_cache, convert_linears_to_fp8_,
+    BucketedRunner, Fp8Linear, StaticBatchRunner, cast_, channels_last, configure_compile_cache, convert_linears_to_fp8_,
     fp8_matmul_reference, fp8_supported, quantize_e4m3, tf32, to_channels_last_, to_fp8,
 )
 from newsstudio.accel.fp8 import E4M3, eligible, fp8_linear_reference, has_scaled_mm
@@ -123,6 +123,37 @@ def test_runner_compile_sees_one_static_shape():
             torch.testing.assert_close(runner(x), lin(x).relu())
     assert counter.frame_count == 1
     torch._dynamo.reset()
+
+
+def test_bucketed_runner_buckets_and_one_compilation():
+    """Each call runs in the smallest power-of-two bucket that holds it; every bucket shares ONE
+    compilation (batch dimension dynamic), so a process compiles once, not once per bucket."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    lin = nn.Linear(4, 2)
+
+    def fn(x):
+        return lin(x).relu()
+
+    runner = BucketedRunner(fn, "compile", min_bucket=4, max_bucket=16, backend=counter, allow_cpu_compile=True)
+    assert [runner.bucket_for(n) for n in (1, 4, 5, 9, 16, 40)] == [4, 4, 8, 16, 16, 16]
+    for n in (3, 5, 9, 40, 4, 7):
+        x = torch.randn(n, 4)
+        with torch.no_grad():
+            torch.testing.assert_close(runner(x), lin(x).relu())
+    assert sorted(runner.runners) == [4, 8, 16]
+    assert all(r.mode == "compile" for r in runner.runners.values())
+    assert counter.frame_count == 1
+    torch._dynamo.reset()
+    eager = BucketedRunner(fn, "cudagraph")  # no CUDA: every bucket runs eager, same results
+    x = torch.randn(6, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(eager(x), lin(x).relu())
+    assert all(r.mode == "eager" for r in eager.runners.values())
+    with pytest.raises(ValueError, match="mode"):
+        BucketedRunner(fn, "fast")
 
 
 def test_configure_compile_cache(tmp_path, monkeypatch):

@@ -18,6 +18,8 @@ Modes:
 * ``cudagraph``: manual `torch.cuda.CUDAGraph` capture of `fn` over static input buffers after
   warm-up on a side stream; each call copies the inputs into those buffers (host tensors
   included: pinned memory makes that copy asynchronous) and replays the graph.
+  `compiled=` hands in one already `torch.compile`d callable shared by several runners (its batch
+  dimension is marked dynamic, so the runners of other batch sizes reuse one compilation).
 * ``compile+cudagraph``: with `cudagraph_compile_mode=None` (default) the compiled `fn` is captured
   by the same manual graph (one compile, no cudagraph-tree bookkeeping); with "reduce-overhead" or
   "max-autotune" torch.compile's own CUDA graphs are used instead.
@@ -32,6 +34,7 @@ gets copies; with False it gets views that the next call overwrites.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -150,6 +153,7 @@ class StaticBatchRunner:
         prepare: bool = True,
         backend: str | Callable[..., Any] = "inductor",
         allow_cpu_compile: bool = False,
+        compiled: Callable[..., Any] | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -173,6 +177,7 @@ class StaticBatchRunner:
         self.cache_dir = cache_dir
         self.fallback_on_error = fallback_on_error
         self.backend = backend
+        self.shared_compiled = compiled
         self.device = torch.device(device) if device is not None else examples[0].device
         self.compile_seconds: float | None = None
         self.capture_seconds: float | None = None
@@ -218,7 +223,11 @@ class StaticBatchRunner:
         return self
 
     def _compile(self, mode: str) -> Callable[..., Any]:
-        if self.backend == "inductor":
+        if self.shared_compiled is not None:  # one compiled fn for several batch sizes (BucketedRunner)
+            compiled = self.shared_compiled
+            for buf in self.static_inputs:
+                torch._dynamo.maybe_mark_dynamic(buf, 0)
+        elif self.backend == "inductor":
             configure_compile_cache(self.cache_dir)
             compiled = torch.compile(self.fn, mode=mode, dynamic=False)
         else:  # another backend (tests use "eager"): Inductor's modes do not apply
@@ -279,7 +288,7 @@ class StaticBatchRunner:
         have the static shape, dtype, device and layout (eager/compile), else the filled buffers."""
         out = []
         for x, buf in zip(inputs, self.static_inputs):
-            direct = (not self.uses_graph and x.shape == buf.shape and x.dtype == buf.dtype
+            direct = (not self.uses_graph and self.shared_compiled is None and x.shape == buf.shape and x.dtype == buf.dtype
                       and x.device == buf.device and x.stride() == buf.stride())
             out.append(x if direct else _fill_padded_(buf, x))
         return out
@@ -344,3 +353,69 @@ class StaticBatchRunner:
     def __repr__(self) -> str:
         extra = f", requested={self.requested_mode!r}" if self.mode != self.requested_mode else ""
         return f"StaticBatchRunner(batch_size={self.batch_size}, mode={self.mode!r}{extra}, device={self.device})"
+
+
+class BucketedRunner:
+    """`fn` on power-of-two batch buckets (`min_bucket` .. `max_bucket`): one `StaticBatchRunner`
+    per bucket, made on first use, so a call of n rows pays for the smallest bucket that holds n
+    (a 5-frame tail of a stream runs as 8, not 32) and longer calls are split into `max_bucket`
+    chunks. With a compile mode, ONE `torch.compile` of `fn` with a dynamic batch dimension
+    serves every bucket (each bucket then only captures its CUDA graph), so a process compiles
+    once. Thread-safe: sessions share the runners; each graph replay copies its outputs out.
+    """
+
+    def __init__(self, fn: Callable[..., Any], mode: str, *, min_bucket: int = 4, max_bucket: int = 32,
+                 compile_mode: str = "default", fallback_on_error: bool = True, cache_dir: str | None = None,
+                 backend: str | Callable[..., Any] = "inductor", allow_cpu_compile: bool = False) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if not 1 <= min_bucket <= max_bucket:
+            raise ValueError(f"need 1 <= min_bucket <= max_bucket, got {min_bucket}, {max_bucket}")
+        self.fn, self.mode = fn, mode
+        self.min_bucket, self.max_bucket = int(min_bucket), int(max_bucket)
+        self.compile_mode, self.fallback_on_error, self.cache_dir = compile_mode, fallback_on_error, cache_dir
+        self.backend, self.allow_cpu_compile = backend, allow_cpu_compile
+        self.runners: dict[int, StaticBatchRunner] = {}
+        self._compiled: Callable[..., Any] | None = None
+        self._lock = threading.Lock()
+
+    def bucket_for(self, n: int) -> int:
+        b = self.min_bucket
+        while b < min(n, self.max_bucket):
+            b *= 2
+        return min(b, self.max_bucket)
+
+    def _shared_compiled(self) -> Callable[..., Any] | None:
+        if self.mode not in ("compile", "compile+cudagraph"):
+            return None
+        if self._compiled is None:
+            if self.backend == "inductor":
+                configure_compile_cache(self.cache_dir)
+                self._compiled = torch.compile(self.fn, mode=self.compile_mode, dynamic=None)
+            else:  # another backend (tests): Inductor's modes do not apply
+                self._compiled = torch.compile(self.fn, backend=self.backend, dynamic=None)
+        return self._compiled
+
+    def runner(self, n: int, example_inputs: Sequence[torch.Tensor]) -> StaticBatchRunner:
+        bucket = self.bucket_for(n)
+        with self._lock:
+            r = self.runners.get(bucket)
+            if r is None:
+                r = StaticBatchRunner(self.fn, bucket, [x[:1] for x in example_inputs], mode=self.mode,
+                                      fallback_on_error=self.fallback_on_error, compiled=self._shared_compiled(),
+                                      cache_dir=self.cache_dir, allow_cpu_compile=self.allow_cpu_compile)
+                self.runners[bucket] = r
+        return r
+
+    def __call__(self, *inputs: torch.Tensor) -> Any:
+        if self.mode == "eager":
+            return self.fn(*inputs)
+        return self.runner(int(inputs[0].shape[0]), inputs)(*inputs)
+
+    @property
+    def compile_seconds(self) -> float:
+        """Seconds spent in first (compiling) calls, over all buckets."""
+        return sum(r.compile_seconds or 0.0 for r in self.runners.values())
+
+    def __repr__(self) -> str:
+        return f"BucketedRunner(mode={self.mode!r}, buckets={sorted(self.runners)})"

@@ -338,9 +338,7 @@ class StrideRenderer:
         self._states: weakref.WeakValueDictionary[int, StreamState] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
         self.network_frames = 0
-        warp = engine.models.warp
-        fn = _WarpWithMask(warp)
-        self._warp_mask = torch.compile(fn) if engine._warp is not warp else fn  # compiled like the dense warp
+        self._warp_mask = _WarpWithMask(engine.models.warp)
 
     # -- streams ----------------------------------------------------------------------------------
     def driver(self, inner: FrameQueue, layer: Any) -> StrideDriver:

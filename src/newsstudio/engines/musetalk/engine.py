@@ -245,6 +245,7 @@ class MuseTalkEngine(Engine):
         reprebake: bool = True,
         compile: bool = False,
         accel: str | None = None,
+        channels_last: bool | None = None,
         prebake_batch: int | None = None,
         unet_config: dict[str, Any] | None = None,
         vae_config: dict[str, Any] | None = None,
@@ -290,7 +291,17 @@ class MuseTalkEngine(Engine):
         if accel is None:
             accel = ("compile+cudagraph" if compile else "cudagraph") if device.type == "cuda" else "eager"
         self.accel = accel
-        self._runners: dict[int, Any] = {}
+        # NHWC convolutions: cuDNN's fast half-precision kernels on NVIDIA GPUs (weights shared by
+        # every engine of this process: the layout does not change any result beyond rounding)
+        self.channels_last = device.type == "cuda" if channels_last is None else bool(channels_last)
+        if self.channels_last:
+            from ...accel.precision import to_channels_last_
+
+            to_channels_last_(self.models.unet)
+            to_channels_last_(self.models.vae)
+        from ...accel.static import BucketedRunner
+
+        self._face_runner = BucketedRunner(self._faces, accel, min_bucket=4, max_bucket=RENDER_BUCKET_MAX)
         self._parser = None
         self._idle: torch.Tensor | None = None
         self._layers: OrderedDict[str, AvatarLayer] = OrderedDict()  # a few avatars stay resident (server)
@@ -374,7 +385,7 @@ class MuseTalkEngine(Engine):
         with torch.inference_mode():
             latents = layer.data["latents"].index_select(0, idx)
             prompts = driving.to(dev, self.dtype)
-            face = self._face_runner(latents.shape[0], latents, prompts)(latents, prompts)
+            face = self._face_runner(latents, prompts)
             return resize_into_boxes(face, layer.data["boxes"].index_select(0, idx), layer.roi_hw)
 
     def _faces(self, latents: torch.Tensor, prompts: torch.Tensor) -> torch.Tensor:
@@ -383,22 +394,6 @@ class MuseTalkEngine(Engine):
         decoded = self._decoder(pred * self._scale).sample
         # the official decode_latents: (x/2 + 0.5).clamp(0, 1) in the model dtype, then float32 * 255, rounded
         return torch.round((decoded / 2 + 0.5).clamp(0, 1).float() * 255.0)
-
-    def _face_runner(self, n: int, latents: torch.Tensor, prompts: torch.Tensor):
-        """The static-batch runner of the smallest bucket (4, 8, 16, 32, ...) that holds n frames."""
-        if self.accel == "eager":
-            return self._faces
-        bucket = 4
-        while bucket < min(n, RENDER_BUCKET_MAX):
-            bucket *= 2
-        with self._lock:
-            runner = self._runners.get(bucket)
-            if runner is None:
-                from ...accel.static import StaticBatchRunner
-
-                runner = StaticBatchRunner(self._faces, bucket, (latents[:1], prompts[:1]), mode=self.accel, fallback_on_error=True)
-                self._runners[bucket] = runner
-        return runner
 
     def idle_prompt(self) -> torch.Tensor:
         """Prompts of silence (1 s of zeros, a frame whose window lies inside it), computed once:
