@@ -199,9 +199,7 @@ class StandIn:
 
 def _stand_in(engine: DittoEngine) -> StandIn:
     s = StandIn()
-    engine._warp, engine._decoder = s.warp, s.decoder
-    if engine._strider is not None:
-        engine._strider._warp_mask = s.warp_mask
+    engine._warp, engine._decoder, engine._warp_with_mask = s.warp, s.decoder, s.warp_mask
     return s
 
 

@@ -38,3 +38,22 @@ def test_bad_audio_fails_cleanly_and_writes_nothing(tmp_path, astronaut_packet):
     r = CliRunner().invoke(app, ["render", "--avatar", str(astronaut_packet.path), "--audio", str(bad), "-o", str(out), "--device", "cpu"])
     assert r.exit_code == 2 and "error:" in r.output and "broken.wav" in r.output, r.output
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["broken.wav"]
+
+
+def test_unknown_accel_mode_is_refused_before_any_work(tmp_path, astronaut_packet):
+    out = tmp_path / "x.mp4"
+    r = CliRunner().invoke(app, ["render", "--avatar", str(astronaut_packet.path), "--audio", "builtin:hello", "-o", str(out),
+                                 "--engine", "musetalk", "--weights", "random", "--device", "cpu", "--accel", "turbo"])
+    assert r.exit_code != 0
+    assert "accel must be one of" in r.output and "compile+cudagraph" in r.output
+    assert not out.exists()
+
+
+def test_engine_options_pick_compile_only_for_a_long_running_cuda_process():
+    from newsstudio.engines.registry import engine_options
+
+    assert engine_options("classic", "random", None, "compile") == {}
+    assert "accel" not in engine_options("musetalk", "random", None, "auto", "cuda")  # render: engine default
+    assert engine_options("musetalk", "random", None, "auto", "cuda", long_running=True)["accel"] == "compile+cudagraph"
+    assert "accel" not in engine_options("ditto", "random", None, "auto", "cpu", long_running=True)  # CPU: eager
+    assert engine_options("ditto", "random", None, "cudagraph", "cpu")["accel"] == "cudagraph"

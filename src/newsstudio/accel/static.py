@@ -412,6 +412,24 @@ class BucketedRunner:
             return self.fn(*inputs)
         return self.runner(int(inputs[0].shape[0]), inputs)(*inputs)
 
+    def buckets(self) -> list[int]:
+        """Every bucket size, smallest first."""
+        out, b = [], self.min_bucket
+        while b < self.max_bucket:
+            out.append(b)
+            b *= 2
+        return [*out, self.max_bucket]
+
+    def warm_up(self, example_inputs: Sequence[torch.Tensor]) -> float:
+        """Prepare (compile once, capture each graph) every bucket from one example row per input;
+        returns the seconds spent. A no-op in eager mode."""
+        if self.mode == "eager":
+            return 0.0
+        t0 = time.perf_counter()
+        for b in self.buckets():
+            self.runner(b, example_inputs).prepare()
+        return time.perf_counter() - t0
+
     @property
     def compile_seconds(self) -> float:
         """Seconds spent in first (compiling) calls, over all buckets."""

@@ -166,6 +166,11 @@ class Engine(ABC):
         """Driving signal for `n` silent frames, or None to show the avatar frames unchanged."""
         return None
 
+    def warm_up(self) -> float:
+        """Compile / capture the render path for every batch size it will see, now, so the first
+        stream does not wait for it (a server calls this at start). Returns the seconds spent."""
+        return 0.0
+
 
 def pingpong_index(i: np.ndarray | torch.Tensor | int, n_frames: int):
     """Source frame of output frame i for a loop played forwards then backwards (length 2N).

@@ -40,6 +40,29 @@ def create_engine(name: str, device: str | torch.device = "cpu", **kwargs: Any) 
     raise ValueError(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)} or 'auto'")
 
 
+ACCEL_CHOICES = ("auto", "eager", "cudagraph", "compile", "compile+cudagraph")
+
+
+def engine_options(name: str, weights: str, models: str | os.PathLike[str] | None, accel: str = "auto",
+                   device: str | torch.device | None = None, long_running: bool = False) -> dict[str, Any]:
+    """Keyword arguments for `create_engine(name, ...)` from the CLI/server settings.
+
+    accel ``"auto"``: the engine's own default (CUDA graphs on CUDA, eager on CPU), except for a
+    long-running process (``long_running``: the server) on CUDA, which also compiles the networks
+    (``compile+cudagraph``: ~2x the frame rate, ~1.5 min of compilation once at start-up, cached
+    on disk for the next start)."""
+    if accel not in ACCEL_CHOICES:
+        raise ValueError(f"accel must be one of {', '.join(ACCEL_CHOICES)}, got {accel!r}")
+    if name == "classic":
+        return {}
+    kw: dict[str, Any] = {"weights": weights, "models": models}
+    if accel == "auto" and long_running and device is not None and torch.device(device).type == "cuda":
+        accel = "compile+cudagraph"
+    if accel != "auto":
+        kw["accel"] = accel
+    return kw
+
+
 def default_engine(models: str | os.PathLike[str] | None = None) -> str:
     """`musetalk` or `ditto` when their official weights are present, else `classic`."""
     root = models_dir(models)

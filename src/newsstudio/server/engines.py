@@ -1,13 +1,16 @@
 """Engines load once per name and stay warm; every session and job shares that instance."""
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
 import torch
 
 from ..engines.base import Engine
-from ..engines.registry import ENGINES, create_engine, default_engine
+from ..engines.registry import ENGINES, create_engine, default_engine, engine_options
+
+log = logging.getLogger(__name__)
 
 
 class EngineUnavailable(RuntimeError):
@@ -15,10 +18,12 @@ class EngineUnavailable(RuntimeError):
 
 
 class EnginePool:
-    def __init__(self, default: str, device: torch.device, weights: str, models: Any):
+    def __init__(self, default: str, device: torch.device, weights: str, models: Any, accel: str = "auto"):
         self.device = device
         self.weights = weights
         self.models = models
+        self.accel = accel
+        engine_options("musetalk", weights, models, accel)  # validates accel before any session
         self.default = default_engine(models) if default == "auto" else default
         if self.default not in ENGINES:
             raise ValueError(f"unknown engine {default!r}; choose one of {', '.join(ENGINES)} or 'auto'")
@@ -45,9 +50,12 @@ class EnginePool:
                 return name, eng
             if name in self._errors:
                 raise EngineUnavailable(self._errors[name])
-            kw = {} if name == "classic" else {"weights": self.weights, "models": self.models}
+            kw = engine_options(name, self.weights, self.models, self.accel, self.device, long_running=True)
             try:
                 eng = create_engine(name, device=self.device, **kw)
+                spent = eng.warm_up()  # compile/capture now, not in the first session
+                if spent > 1.0:
+                    log.info("engine %s warmed up in %.1f s", name, spent)
             except Exception as e:  # noqa: BLE001 - any load failure is reported, the server keeps serving
                 self._errors[name] = f"engine {name!r} is not available on this server: {type(e).__name__}: {e}"
                 raise EngineUnavailable(self._errors[name]) from e

@@ -26,7 +26,7 @@ from .tts import EspeakTts
 
 @dataclass
 class ServerConfig:
-    """Settings of `newsstudio serve` (the CLI passes the first ten)."""
+    """Settings of `newsstudio serve` (the CLI passes the first eleven)."""
 
     engine: str = "auto"
     device: str | None = None
@@ -38,6 +38,8 @@ class ServerConfig:
     """Where rendered clips go (default: `clips/` next to the avatars folder, or $NEWSSTUDIO_CLIPS)."""
     fps: float = 25.0
     max_upload_bytes: int = 200 << 20
+    accel: str = "auto"
+    """How the neural engines run (registry.engine_options; auto = compile+cudagraph on CUDA)."""
     ws_send_queue: int = 8
     """Chunks a WebSocket client may have queued unsent before it counts as not reading."""
     ws_close_timeout_s: float = 30.0
@@ -100,7 +102,7 @@ class ServerState:
         self.clips_dir = Path(clips).resolve()
         self.clips_dir.mkdir(parents=True, exist_ok=True)
         self.fps = Fraction(cfg.fps).limit_denominator(1001)
-        self.engines = EnginePool(cfg.engine, self.device, cfg.weights, cfg.models)
+        self.engines = EnginePool(cfg.engine, self.device, cfg.weights, cfg.models, cfg.accel)
         self.sessions = SessionManager(cfg.max_sessions)
         self.jobs = JobManager({"prebake": 1, "clip": 2}, keep=cfg.jobs_kept)
         self.metrics = Metrics()

@@ -338,7 +338,10 @@ class StrideRenderer:
         self._states: weakref.WeakValueDictionary[int, StreamState] = weakref.WeakValueDictionary()
         self._lock = threading.Lock()
         self.network_frames = 0
-        self._warp_mask = _WarpWithMask(engine.models.warp)
+        from ...accel.static import BucketedRunner
+
+        # keyframes through static-shape runners like the dense path (CUDA graphs / compile on CUDA)
+        self._key_runner = BucketedRunner(self._keys, getattr(engine, "accel", "eager"), min_bucket=4, max_bucket=32)
 
     # -- streams ----------------------------------------------------------------------------------
     def driver(self, inner: FrameQueue, layer: Any) -> StrideDriver:
@@ -479,24 +482,9 @@ class StrideRenderer:
         d = layer.data
         x_s, x_d = eng.keypoints(layer, rows, src)
         f_s = d["f_s"].index_select(0, src.to(d["f_s"].device)).to(dev, eng.dtype, non_blocking=True)
-        mask = None
-        with torch.autocast(device_type=dev.type, dtype=eng.dtype, enabled=eng.dtype != torch.float32):
-            if self.mode == "mask":
-                feat, mask = self._warp_mask(f_s, x_s, x_d)
-            else:
-                feat = eng._warp(f_s, x_s, x_d)
-            img = eng._decoder(feat)
+        out = self._key_runner(f_s, x_s, x_d)
+        img, mask = (out[0], out[1]) if self.mode == "mask" else (out[0], None)
         return img, x_d, mask
 
-
-class _WarpWithMask(torch.nn.Module):
-    """The warp network's output plus its dense-motion mask averaged over depth (B, 1 + K, h, w):
-    the same computation as ``WarpingNetwork.forward`` (which drops the intermediates)."""
-
-    def __init__(self, warp: torch.nn.Module):
-        super().__init__()
-        self.warp = warp
-
-    def forward(self, f_s: torch.Tensor, x_s: torch.Tensor, x_d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out, dense = self.warp.forward_debug(f_s, x_s, x_d)
-        return out, dense["mask"].mean(2)
+    def _keys(self, f_s: torch.Tensor, x_s: torch.Tensor, x_d: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.engine.warp_decode(f_s, x_s, x_d, with_mask=self.mode == "mask")

@@ -291,9 +291,10 @@ class MuseTalkEngine(Engine):
         if accel is None:
             accel = ("compile+cudagraph" if compile else "cudagraph") if device.type == "cuda" else "eager"
         self.accel = accel
-        # NHWC convolutions: cuDNN's fast half-precision kernels on NVIDIA GPUs (weights shared by
-        # every engine of this process: the layout does not change any result beyond rounding)
-        self.channels_last = device.type == "cuda" if channels_last is None else bool(channels_last)
+        # NHWC weights: measured on an H200 (benchmarks/RESULTS.md), they pay with torch.compile and
+        # cost ~6 % under plain CUDA graphs, hence the default. Shared by every engine of this process
+        # (the layout changes no result beyond rounding).
+        self.channels_last = (device.type == "cuda" and "compile" in accel) if channels_last is None else bool(channels_last)
         if self.channels_last:
             from ...accel.precision import to_channels_last_
 
@@ -394,6 +395,12 @@ class MuseTalkEngine(Engine):
         decoded = self._decoder(pred * self._scale).sample
         # the official decode_latents: (x/2 + 0.5).clamp(0, 1) in the model dtype, then float32 * 255, rounded
         return torch.round((decoded / 2 + 0.5).clamp(0, 1).float() * 255.0)
+
+    def warm_up(self) -> float:
+        """Compile (with a compile mode) and capture UNet + decode for every batch bucket."""
+        with torch.inference_mode():
+            latents = torch.zeros((1, 8, 32, 32), device=self.device, dtype=self.dtype)
+            return self._face_runner.warm_up((latents, self.idle_prompt()[None].to(self.dtype)))
 
     def idle_prompt(self) -> torch.Tensor:
         """Prompts of silence (1 s of zeros, a frame whose window lies inside it), computed once:

@@ -1,0 +1,84 @@
+"""H.264 + AAC encode speed of `Mp4Writer` alone: what the "segment -> MP4" figure costs on the CPU.
+
+    python -m benchmarks.encode_bench [--size 1080x1920] [--frames 165] [--presets veryfast,superfast,ultrafast]
+                                      [--json out.json]
+
+Frames: the first --frames frames of ../shared/media/yongen.mp4 (or .carry/media), scaled to --size
+and converted to NV12 by FFmpeg once, held in memory (real content: x264's speed depends on it).
+Audio: the first frames/25 s of speech.wav. For each preset the whole file is written, timed from
+the first write to the closed file on disk (median of --repeat), with its size, so the speed and
+the bitrate cost of each preset are read side by side.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import av
+import numpy as np
+
+from .common import machine, media, median, write_json
+
+
+def nv12_frames(source: Path, size: tuple[int, int], n: int) -> np.ndarray:
+    """(n, H*3/2, W) uint8 NV12 frames of `source`, scaled (bilinear) to `size` = (W, H), looped if short."""
+    w, h = size
+    out = []
+    with av.open(str(source)) as c:
+        for frame in c.decode(video=0):
+            out.append(frame.reformat(width=w, height=h, format="nv12").to_ndarray())
+            if len(out) == n:
+                break
+    if not out:
+        raise SystemExit(f"{source}: no video frames")
+    return np.stack([out[i % len(out)] for i in range(n)])
+
+
+def encode_once(frames: np.ndarray, size: tuple[int, int], fps: int, audio, preset: str, dest: Path) -> float:
+    from newsstudio.media.mp4_writer import Mp4Writer
+
+    w, h = size
+    t0 = time.perf_counter()
+    with Mp4Writer(dest, w, h, fps, audio=audio, pixel_input="nv12", preset=preset) as wr:
+        for s in range(0, len(frames), 32):
+            wr.write(frames[s:s + 32])
+    return time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from newsstudio.media.audio import Audio, load_audio
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="1080x1920")
+    ap.add_argument("--frames", type=int, default=165)
+    ap.add_argument("--fps", type=int, default=25)
+    ap.add_argument("--presets", default="veryfast,superfast,ultrafast")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    size = tuple(int(v) for v in args.size.split("x"))
+    frames = nv12_frames(media("yongen.mp4"), size, args.frames)
+    a = load_audio(media("speech.wav"))
+    n = int(round(args.frames / args.fps * a.sample_rate))
+    audio = Audio(np.ascontiguousarray(a.samples[:, :n]), a.sample_rate)
+    work = Path(tempfile.mkdtemp(prefix="encode-bench-"))
+    out: dict[str, Any] = {"machine": machine(), "args": vars(args), "presets": {}}
+    print(f"| preset | seconds for {args.frames} frames {args.size} + audio | encode fps | file MB |")
+    print("|---|---|---|---|")
+    for preset in [p for p in args.presets.split(",") if p]:
+        dest = work / f"{preset}.mp4"
+        encode_once(frames[:8], size, args.fps, None, preset, dest)  # warm-up (codec set-up, page cache)
+        ts = [encode_once(frames, size, args.fps, audio, preset, dest) for _ in range(args.repeat)]
+        mb = dest.stat().st_size / 1e6
+        out["presets"][preset] = {"seconds": median(ts), "seconds_all": ts, "fps": args.frames / median(ts), "file_mb": mb}
+        print(f"| {preset} | {median(ts):.3f} | {args.frames / median(ts):.0f} | {mb:.2f} |", flush=True)
+    write_json(args.json, out)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
