@@ -434,3 +434,21 @@ def test_benchmark_section_runs_on_cpu(video_packet, tmp_path, capsys):
     assert sec["flops_per_frame"]["total_gflop"] > 0 and sec["tiny_test_networks"]
     print_table(sec)
     assert "dense fps" in capsys.readouterr().out
+
+
+def test_channels_last_engine_gets_its_own_weights_and_the_same_faces():
+    """A CUDA graph reads weights at fixed addresses: an engine asking for NHWC weights must get
+    its own copy, never convert the networks another engine already runs."""
+    plain = MuseTalkEngine("cpu", weights="random", channels_last=False, **TINY)
+    before = [p.data_ptr() for p in plain.models.unet.parameters()]
+    nhwc = MuseTalkEngine("cpu", weights="random", channels_last=True, **TINY)
+    assert nhwc.models is not plain.models
+    assert [p.data_ptr() for p in plain.models.unet.parameters()] == before
+    conv = [p for p in plain.models.vae.parameters() if p.dim() == 4 and p.shape[2] > 1][0]
+    conv_cl = [p for p in nhwc.models.vae.parameters() if p.dim() == 4 and p.shape[2] > 1][0]
+    assert conv.is_contiguous() and not conv_cl.is_contiguous()
+    assert conv_cl.is_contiguous(memory_format=torch.channels_last)
+    g = torch.Generator().manual_seed(3)
+    latents, prompts = torch.randn(2, 8, 32, 32, generator=g), torch.randn(2, 50, 384, generator=g)
+    with torch.inference_mode():
+        torch.testing.assert_close(nhwc._faces(latents, prompts), plain._faces(latents, prompts), atol=1.0, rtol=0)

@@ -51,16 +51,18 @@ import os
 import random
 import sys
 import threading
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from ...accel.precision import to_channels_last_
+from ...accel.static import BucketedRunner
 from ...avatar.packet import Packet, PacketError
 from ...compose.splice import sample_crops_to_roi
 from ..base import AvatarLayer, Engine, FrameQueue, TensorFrameQueue, pingpong_index
+from ..model_cache import ModelCache
 from .config import DittoConfig, load_config
 from .lmdm import DDIMSampler, MotionWindowStream
 from .motion_stitch import (
@@ -82,29 +84,27 @@ SAMPLE_RATE = 16000
 FPS = 25
 OPTIONS_ENV = "NEWSSTUDIO_DITTO_OPTIONS"
 
-_MODEL_CACHE: OrderedDict[tuple, DittoModels] = OrderedDict()
-_MODEL_CACHE_SIZE = 2
-_MODEL_LOCK = threading.Lock()
+_MODELS: ModelCache[DittoModels] = ModelCache(2)
 
 
 def get_models(weights: str, models_dir: Path, salt: int, device: torch.device, dtype: torch.dtype,
-               cfg: DittoConfig, hubert: str | Path | None = None) -> DittoModels:
-    """Build or load the networks once per process (engines with equal settings share them)."""
-    key = (weights, str(models_dir.resolve()), salt, str(device), str(dtype), cfg.motion_feat_dim, cfg.audio_feat_dim,
-           cfg.seq_frames, cfg.hubert_layers if weights == "random" else None, str(hubert))
-    with _MODEL_LOCK:
-        m = _MODEL_CACHE.get(key)
-        if m is not None:
-            _MODEL_CACHE.move_to_end(key)
-            return m
+               cfg: DittoConfig, hubert: str | Path | None = None, channels_last: bool = False) -> DittoModels:
+    """Build or load the networks once per process (engines with equal settings share them).
+    ``channels_last``: warp and decoder weights in NHWC / NDHWC (a separate copy: see model_cache)."""
+
+    def build() -> DittoModels:
         if weights == "random":
             m = build_random(salt, device, dtype, cfg)
         else:
             m = load_official(models_dir, device, dtype, cfg, hubert=hubert)
-        _MODEL_CACHE[key] = m
-        while len(_MODEL_CACHE) > _MODEL_CACHE_SIZE:
-            _MODEL_CACHE.popitem(last=False)
+        if channels_last:
+            to_channels_last_(m.warp)
+            to_channels_last_(m.decoder)
         return m
+
+    key = (weights, str(models_dir.resolve()), salt, str(device), str(dtype), cfg.motion_feat_dim, cfg.audio_feat_dim,
+           cfg.seq_frames, cfg.hubert_layers if weights == "random" else None, str(hubert), channels_last)
+    return _MODELS.get(key, build)
 
 
 def env_options() -> dict[str, Any]:
@@ -346,23 +346,17 @@ class DittoEngine(Engine):
         if self.random_weights:
             print(f"WARNING: Ditto is using SEEDED RANDOM WEIGHTS (salt {self.salt}); its output is marked and is not "
                   "a real model's output (benchmarks/tests only).", file=sys.stderr)
-        self.models = get_models(weights, self.models_dir, self.salt or 0, device, dtype, self.config, hubert)
+        if accel is None:
+            accel = ("compile+cudagraph" if compile else "cudagraph") if device.type == "cuda" else "eager"
+        self.accel = accel
+        self.channels_last = (device.type == "cuda" and "compile" in accel) if channels_last is None else bool(channels_last)
+        self.models = get_models(weights, self.models_dir, self.salt or 0, device, dtype, self.config, hubert,
+                                 self.channels_last)
         self.weights_id = self.models.weights_id()
         self.reprebake = reprebake
         self.prebake_batch = prebake_batch or (16 if device.type == "cuda" else 2)
         self._warp = self.models.warp
         self._decoder = self.models.decoder
-        if accel is None:
-            accel = ("compile+cudagraph" if compile else "cudagraph") if device.type == "cuda" else "eager"
-        self.accel = accel
-        self.channels_last = (device.type == "cuda" and "compile" in accel) if channels_last is None else bool(channels_last)
-        if self.channels_last:
-            from ...accel.precision import to_channels_last_
-
-            to_channels_last_(self._warp)
-            to_channels_last_(self._decoder)
-        from ...accel.static import BucketedRunner
-
         # warp + decoder as one static-shape callable per batch bucket (CUDA graphs: ~1,000 launches less per call)
         self._crop_runner = BucketedRunner(self._crops, accel, min_bucket=4, max_bucket=RENDER_BUCKET_MAX)
         # stride mode (stride.py): its driver rows carry the keyframes' rows; its renderer caches per stream

@@ -34,9 +34,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...accel.precision import to_channels_last_
+from ...accel.static import BucketedRunner
 from ...audio.source import as_fraction, frames_for_samples
 from ...avatar.packet import Packet, PacketError
 from ..base import AvatarLayer, Engine, FrameQueue, TensorFrameQueue
+from ..model_cache import ModelCache
 from .audio_features import SAMPLE_RATE, PositionalEncoding, StreamingAudioFeatures, audio_prompts
 from .prebake import PrebakeOptions, prebake_mismatch, prebake_musetalk, resize_into_boxes, vae_fingerprint
 from .vae import scaling_factor_of
@@ -59,27 +62,23 @@ LAYER_CACHE_SIZE = 4  # avatars kept on the device at once (each: latents + floa
 PROMPT_ROWS = 10  # 20 ms encoder rows per frame window (+-2 frames at 25 fps)
 BISENET_FILE = Path("face-parse-bisent") / "79999_iter.pth"
 
-_MODEL_CACHE: OrderedDict[tuple, MuseTalkModels] = OrderedDict()
-_MODEL_CACHE_SIZE = 2
-_MODEL_LOCK = threading.Lock()
+_MODELS: ModelCache[MuseTalkModels] = ModelCache(2)
 
 
 def _cache_key(weights: str, models_dir: Path | None, version: str, salt: int, device: torch.device, dtype: torch.dtype,
-               unet_config: dict | None, vae_config: dict | None) -> tuple:
+               unet_config: dict | None, vae_config: dict | None, channels_last: bool) -> tuple:
     return (weights, str(models_dir.resolve()) if models_dir else None, version, salt, str(device), str(dtype),
-            repr(sorted((unet_config or {}).items())), repr(sorted((vae_config or {}).items())))
+            repr(sorted((unet_config or {}).items())), repr(sorted((vae_config or {}).items())), channels_last)
 
 
 def get_models(weights: str, models_dir: Path | None, version: str, salt: int, device: torch.device,
-               dtype: torch.dtype, unet_config: dict | None = None, vae_config: dict | None = None) -> MuseTalkModels:
+               dtype: torch.dtype, unet_config: dict | None = None, vae_config: dict | None = None,
+               channels_last: bool = False) -> MuseTalkModels:
     """Build or load the networks once per process (the UNet alone has 850M parameters): engines
-    created with the same settings share them (the CLI, the server and tests create several)."""
-    key = _cache_key(weights, models_dir, version, salt, device, dtype, unet_config, vae_config)
-    with _MODEL_LOCK:
-        m = _MODEL_CACHE.get(key)
-        if m is not None:
-            _MODEL_CACHE.move_to_end(key)
-            return m
+    created with the same settings share them (the CLI, the server and tests create several).
+    ``channels_last``: UNet and VAE weights in NHWC (a separate copy: see model_cache)."""
+
+    def build() -> MuseTalkModels:
         if weights == "random":
             m = MuseTalkModels(
                 unet=random_unet(salt, device, dtype, config=unet_config),
@@ -91,10 +90,13 @@ def get_models(weights: str, models_dir: Path | None, version: str, salt: int, d
         else:
             assert models_dir is not None
             m = load_official(models_dir, version, device, dtype)
-        _MODEL_CACHE[key] = m
-        while len(_MODEL_CACHE) > _MODEL_CACHE_SIZE:
-            _MODEL_CACHE.popitem(last=False)
+        if channels_last:
+            to_channels_last_(m.unet)
+            to_channels_last_(m.vae)
         return m
+
+    key = _cache_key(weights, models_dir, version, salt, device, dtype, unet_config, vae_config, channels_last)
+    return _MODELS.get(key, build)
 
 
 # --------------------------------------------------------------------------------- conditioner
@@ -269,8 +271,14 @@ class MuseTalkEngine(Engine):
         if self.random_weights:
             print(f"WARNING: MuseTalk is using SEEDED RANDOM WEIGHTS (salt {self.salt}); its output is marked and is "
                   "not a real model's output (benchmarks/tests only).", file=sys.stderr)
+        if accel is None:
+            accel = ("compile+cudagraph" if compile else "cudagraph") if device.type == "cuda" else "eager"
+        self.accel = accel
+        # NHWC weights: measured on an H200 (benchmarks/RESULTS.md), they pay with torch.compile and
+        # cost ~6 % under plain CUDA graphs, hence the default.
+        self.channels_last = (device.type == "cuda" and "compile" in accel) if channels_last is None else bool(channels_last)
         self.models = get_models(weights, None if self.random_weights else self.models_dir, version,
-                                 self.salt or 0, device, dtype, unet_config, vae_config)
+                                 self.salt or 0, device, dtype, unet_config, vae_config, self.channels_last)
         self.version = version
         bisenet_path = self.models_dir / BISENET_FILE
         if mask == "auto":
@@ -288,20 +296,6 @@ class MuseTalkEngine(Engine):
         self._decoder = self.models.vae.decode
         # UNet + decode run as one static-shape callable per batch bucket: CUDA graphs remove the
         # ~2,500 kernel launches per call (tens of ms) that dominate small batches. Eager on CPU.
-        if accel is None:
-            accel = ("compile+cudagraph" if compile else "cudagraph") if device.type == "cuda" else "eager"
-        self.accel = accel
-        # NHWC weights: measured on an H200 (benchmarks/RESULTS.md), they pay with torch.compile and
-        # cost ~6 % under plain CUDA graphs, hence the default. Shared by every engine of this process
-        # (the layout changes no result beyond rounding).
-        self.channels_last = (device.type == "cuda" and "compile" in accel) if channels_last is None else bool(channels_last)
-        if self.channels_last:
-            from ...accel.precision import to_channels_last_
-
-            to_channels_last_(self.models.unet)
-            to_channels_last_(self.models.vae)
-        from ...accel.static import BucketedRunner
-
         self._face_runner = BucketedRunner(self._faces, accel, min_bucket=4, max_bucket=RENDER_BUCKET_MAX)
         self._parser = None
         self._idle: torch.Tensor | None = None
