@@ -99,3 +99,10 @@ def weights_channels_last(module: torch.nn.Module) -> bool:
     """Whether the module's first 4-D weight is stored channels_last (what actually ran)."""
     w = next(p for p in module.parameters() if p.dim() == 4)
     return bool(w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous())
+
+
+def mp4_options(spec: str) -> dict[str, Any]:
+    """`PRESET[:WORKERS[/SEGMENT_FRAMES]]` -> Mp4Writer keywords (workers > 1: parallel x264 segments)."""
+    preset, _, rest = spec.partition(":")
+    workers, _, seg = (rest or "1").partition("/")
+    return {"preset": preset or "veryfast", "workers": int(workers), "segment_frames": int(seg or 32)}

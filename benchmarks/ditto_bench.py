@@ -197,7 +197,7 @@ def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, 
                 steps: int = 4, compile: bool = False, salt: int = 0, official_repeat: int = 3,
                 peak_tflops: float | None = None, skip_reference: bool = False, stride: int = 1,
                 stride_mode: str = "mask", stride_psnr_modes: list[str] | None = None,
-                variants: list[str] | None = None) -> dict[str, Any]:
+                variants: list[str] | None = None, mp4: str = "veryfast", stride_accel: str | None = None) -> dict[str, Any]:
     """All Ditto figures for one avatar packet on one device: {"ours", "reference", "lmdm", "cold_start", ...}."""
     from newsstudio.engines.ditto.engine import DittoEngine
 
@@ -239,7 +239,7 @@ def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, 
         if k:
             engine = DittoEngine(device, weights="random", salt=salt, steps=steps, accel=accel, channels_last=cl, **opts)
         print(f"[ditto] ours ({spec}): warm-up and {repeat} dense runs ...", file=sys.stderr, flush=True)
-        fig = engine_figures(engine, packet, seconds, chunk, repeat, workdir)
+        fig = engine_figures(engine, packet, seconds, chunk, repeat, workdir, mp4=mp4)
         fig.update(accel=engine.accel, channels_last=weights_channels_last(engine.models.decoder),
                    compile_s=engine._crop_runner.compile_seconds)
         out["variants"][spec] = fig
@@ -249,7 +249,7 @@ def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, 
     if stride > 1:
         out["stride"] = stride_figures(packet, device, seconds, chunk, repeat, workdir, stride=stride, mode=stride_mode,
                                        psnr_modes=stride_psnr_modes or [stride_mode], dense_engine=engine,
-                                       engine_kwargs=dict(weights="random", salt=salt, steps=steps, accel=specs[0][0], **opts))
+                                       engine_kwargs=dict(weights="random", salt=salt, steps=steps, accel=stride_accel or specs[0][0], **opts))
     print("[ditto] LMDM window timing ...", file=sys.stderr, flush=True)
     out["lmdm"] = lmdm_figures(engine.models.lmdm, device, steps, engine.config.overlap_v2, repeat=max(3, repeat * 3))
     if not skip_reference:
@@ -338,6 +338,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--official-repeat", type=int, default=3)
     ap.add_argument("--max-frames", type=int, default=750, help="avatar frames used")
     ap.add_argument("--compile", action="store_true", help="torch.compile warp + decoder (our path)")
+    ap.add_argument("--stride-accel", default=None, help="accel of the stride engines (default: the first variant's)")
+    ap.add_argument("--mp4", default="veryfast", help="segment->MP4 encoding, PRESET[:WORKERS[/SEGMENT_FRAMES]]")
     ap.add_argument("--variants", default=None, help="engine configurations to time, ACCEL[:nchw],... (first = compared)")
     ap.add_argument("--salt", type=int, default=0)
     ap.add_argument("--peak-tflops", type=float, default=None)
@@ -365,7 +367,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     sec = run_section(packet, device, args.seconds, args.chunk, args.repeat, work, args.quick, steps=args.steps,
                       compile=args.compile, salt=args.salt, official_repeat=args.official_repeat,
                       peak_tflops=args.peak_tflops, skip_reference=args.skip_reference, stride=args.stride,
-                      stride_mode=args.stride_mode, variants=[v for v in (args.variants or "").split(",") if v] or None,
+                      stride_mode=args.stride_mode, variants=[v for v in (args.variants or "").split(",") if v] or None, mp4=args.mp4, stride_accel=args.stride_accel,
                       stride_psnr_modes=list(dict.fromkeys([args.stride_mode, *filter(None, args.stride_psnr_modes.split(","))])))
     out["ditto"] = sec
     print_table(sec)

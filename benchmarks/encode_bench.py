@@ -1,13 +1,15 @@
 """H.264 + AAC encode speed of `Mp4Writer` alone: what the "segment -> MP4" figure costs on the CPU.
 
-    python -m benchmarks.encode_bench [--size 1080x1920] [--frames 165] [--presets veryfast,superfast,ultrafast]
-                                      [--json out.json]
+    python -m benchmarks.encode_bench [--size 1080x1920] [--frames 165]
+                                      [--configs veryfast,superfast:8,ultrafast:8/16] [--json out.json]
 
 Frames: the first --frames frames of ../shared/media/yongen.mp4 (or .carry/media), scaled to --size
 and converted to NV12 by FFmpeg once, held in memory (real content: x264's speed depends on it).
 Audio: the first frames/25 s of speech.wav. For each preset the whole file is written, timed from
 the first write to the closed file on disk (median of --repeat), with its size, so the speed and
-the bitrate cost of each preset are read side by side.
+the bitrate cost of each configuration are read side by side. A configuration is
+PRESET[:WORKERS[/SEGMENT_FRAMES]]: WORKERS > 1 = closed segments encoded in parallel by separate
+x264 instances (`Mp4Writer(workers=..., segment_frames=...)`, default 32 frames).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from typing import Any
 import av
 import numpy as np
 
-from .common import machine, media, median, write_json
+from .common import machine, media, median, mp4_options, write_json
 
 
 def nv12_frames(source: Path, size: tuple[int, int], n: int) -> np.ndarray:
@@ -38,12 +40,12 @@ def nv12_frames(source: Path, size: tuple[int, int], n: int) -> np.ndarray:
     return np.stack([out[i % len(out)] for i in range(n)])
 
 
-def encode_once(frames: np.ndarray, size: tuple[int, int], fps: int, audio, preset: str, dest: Path) -> float:
+def encode_once(frames: np.ndarray, size: tuple[int, int], fps: int, audio, options: dict[str, Any], dest: Path) -> float:
     from newsstudio.media.mp4_writer import Mp4Writer
 
     w, h = size
     t0 = time.perf_counter()
-    with Mp4Writer(dest, w, h, fps, audio=audio, pixel_input="nv12", preset=preset) as wr:
+    with Mp4Writer(dest, w, h, fps, audio=audio, pixel_input="nv12", **options) as wr:
         for s in range(0, len(frames), 32):
             wr.write(frames[s:s + 32])
     return time.perf_counter() - t0
@@ -56,7 +58,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--size", default="1080x1920")
     ap.add_argument("--frames", type=int, default=165)
     ap.add_argument("--fps", type=int, default=25)
-    ap.add_argument("--presets", default="veryfast,superfast,ultrafast")
+    ap.add_argument("--configs", default="veryfast,superfast,ultrafast,veryfast:8,superfast:8,ultrafast:8,superfast:16/16",
+                    help="PRESET[:WORKERS[/SEGMENT_FRAMES]],...")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -66,16 +69,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     n = int(round(args.frames / args.fps * a.sample_rate))
     audio = Audio(np.ascontiguousarray(a.samples[:, :n]), a.sample_rate)
     work = Path(tempfile.mkdtemp(prefix="encode-bench-"))
-    out: dict[str, Any] = {"machine": machine(), "args": vars(args), "presets": {}}
-    print(f"| preset | seconds for {args.frames} frames {args.size} + audio | encode fps | file MB |")
+    out: dict[str, Any] = {"machine": machine(), "args": vars(args), "configs": {}}
+    print(f"| preset:workers/segment | seconds for {args.frames} frames {args.size} + audio | encode fps | file MB |")
     print("|---|---|---|---|")
-    for preset in [p for p in args.presets.split(",") if p]:
-        dest = work / f"{preset}.mp4"
-        encode_once(frames[:8], size, args.fps, None, preset, dest)  # warm-up (codec set-up, page cache)
-        ts = [encode_once(frames, size, args.fps, audio, preset, dest) for _ in range(args.repeat)]
+    for spec in [p for p in args.configs.split(",") if p]:
+        cfg = mp4_options(spec)
+        dest = work / "out.mp4"
+        encode_once(frames[:8], size, args.fps, None, cfg, dest)  # warm-up (codec set-up, page cache)
+        ts = [encode_once(frames, size, args.fps, audio, cfg, dest) for _ in range(args.repeat)]
         mb = dest.stat().st_size / 1e6
-        out["presets"][preset] = {"seconds": median(ts), "seconds_all": ts, "fps": args.frames / median(ts), "file_mb": mb}
-        print(f"| {preset} | {median(ts):.3f} | {args.frames / median(ts):.0f} | {mb:.2f} |", flush=True)
+        out["configs"][spec] = {"seconds": median(ts), "seconds_all": ts, "fps": args.frames / median(ts), "file_mb": mb}
+        print(f"| {spec} | {median(ts):.3f} | {args.frames / median(ts):.0f} | {mb:.2f} |", flush=True)
     write_json(args.json, out)
     return out
 

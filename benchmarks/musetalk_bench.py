@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .common import avatar, check_variant_order, machine, media, median, parse_variant, sync, timed, weights_channels_last, write_json
+from .common import (avatar, check_variant_order, machine, media, median, mp4_options, parse_variant, sync, timed,
+                     weights_channels_last, write_json)
 
 H200_PEAK_TFLOPS = 776.0  # measured dense bf16/fp16 peak of our H200 (BRIEF section 4)
 
@@ -65,7 +66,7 @@ def flops_per_frame(models, device: torch.device) -> dict[str, float]:
 
 
 def ours_figures(engine, packet, audio_path: Path, fps: int, chunk: int, ttff_chunk: int, repeat: int,
-                 out_dir: Path, ttff_repeat: int = 5) -> dict[str, Any]:
+                 out_dir: Path, ttff_repeat: int = 5, mp4: str = "veryfast") -> dict[str, Any]:
     from newsstudio.media.audio import load_audio
     from newsstudio.media.mp4_writer import Mp4Writer
     from newsstudio.stream import stream_generator
@@ -105,12 +106,12 @@ def ours_figures(engine, packet, audio_path: Path, fps: int, chunk: int, ttff_ch
 
     def to_mp4() -> float:
         t0 = time.perf_counter()
-        with Mp4Writer(out_dir / "musetalk_segment.mp4", w, h, fps, audio=audio, pixel_input="nv12") as wr:
+        with Mp4Writer(out_dir / "musetalk_segment.mp4", w, h, fps, audio=audio, pixel_input="nv12", **mp4_options(mp4)) as wr:
             for ch in stream_generator(engine, packet, audio, fps=fps, chunk_frames=chunk, output="nv12"):
                 wr.write(ch["frames"])
         return time.perf_counter() - t0
 
-    mp4 = [to_mp4() for _ in range(max(1, repeat // 2))]
+    mp4_s = [to_mp4() for _ in range(max(1, repeat // 2))]
 
     def render_stage() -> float:
         """Frames/s of engine.render alone (UNet + VAE decode + resize into the boxes), batch `chunk`."""
@@ -130,7 +131,8 @@ def ours_figures(engine, packet, audio_path: Path, fps: int, chunk: int, ttff_ch
         "dense_fps_on_device": median([r[0] / r[1] for r in dev_runs]),
         "ttff_ms": median(ttffs) * 1e3,
         "ttff_ms_all": [x * 1e3 for x in ttffs],
-        "segment_mp4_s": median(mp4),
+        "segment_mp4_s": median(mp4_s),
+        "segment_mp4_config": mp4,
         "render_stage_fps": render_fps,
         "warmup_s": warm_s,
         "chunk": chunk,
@@ -170,7 +172,7 @@ def cold_start_figures(packet, folder: Path, repeat: int, official_repeat: int) 
 def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, workdir: Path, quick: bool = False, *,
                 audio: Path | None = None, fps: int = 25, compile: bool = False, salt: int = 0, ttff_chunk: int = 4,
                 ref_batch: int = 20, official_repeat: int = 3, peak_tflops: float | None = None,
-                skip_reference: bool = False, variants: list[str] | None = None) -> dict[str, Any]:
+                skip_reference: bool = False, variants: list[str] | None = None, mp4: str = "veryfast") -> dict[str, Any]:
     """All MuseTalk figures for one avatar packet on one device (see the module docstring)."""
     from newsstudio.engines.musetalk.engine import TINY_UNET_CONFIG, TINY_VAE_CONFIG, MuseTalkEngine
 
@@ -213,7 +215,7 @@ def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, 
             engine = MuseTalkEngine(device, weights="random", salt=salt, accel=accel, channels_last=cl, **tiny)
         print(f"[musetalk] ours ({spec}): warm-up and {repeat} dense runs ...", file=sys.stderr, flush=True)
         fig = ours_figures(engine, packet, audio_path, fps, chunk, ttff_chunk, repeat, workdir,
-                           ttff_repeat=1 if quick else 5)
+                           ttff_repeat=1 if quick else 5, mp4=mp4)
         fig.update(accel=engine.accel, channels_last=weights_channels_last(engine.models.vae),
                    compile_s=engine._face_runner.compile_seconds)
         out["variants"][spec] = fig
@@ -292,6 +294,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--official-repeat", type=int, default=3, help="loads of the official avatar layout timed")
     ap.add_argument("--max-frames", type=int, default=750, help="avatar frames used")
     ap.add_argument("--compile", action="store_true", help="torch.compile the UNet and VAE decoder (our path)")
+    ap.add_argument("--mp4", default="veryfast", help="segment->MP4 encoding, PRESET[:WORKERS[/SEGMENT_FRAMES]]")
     ap.add_argument("--variants", default=None, help="engine configurations to time, ACCEL[:nchw],... (first = compared)")
     ap.add_argument("--salt", type=int, default=0)
     ap.add_argument("--peak-tflops", type=float, default=None, help=f"GPU peak for the %% column (default {H200_PEAK_TFLOPS:g} on CUDA)")
@@ -316,7 +319,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       audio=Path(args.audio) if args.audio else None, fps=args.fps, compile=args.compile, salt=args.salt,
                       ttff_chunk=args.ttff_chunk, ref_batch=args.ref_batch, official_repeat=args.official_repeat,
                       peak_tflops=args.peak_tflops, skip_reference=args.skip_reference,
-                      variants=[v for v in (args.variants or "").split(",") if v] or None)
+                      variants=[v for v in (args.variants or "").split(",") if v] or None, mp4=args.mp4)
     out["musetalk"] = sec
     print_table(sec)
     write_json(args.json, out)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -158,6 +159,8 @@ def render(
     avatars: Optional[Path] = AvatarsOpt,
     chunk: int = typer.Option(16, help="Frames per batch."),
     crf: int = typer.Option(18, help="H.264 quality (lower is better)."),
+    encode_workers: int = typer.Option(0, help="Parallel x264 segment encoders (0 = auto: half the CPU cores, at most 8; "
+                                              "1 = one encoder, smallest file)."),
     accel: str = AccelOpt,
 ) -> None:
     """Render a lip-synced MP4 (H.264 + AAC) of the avatar speaking the audio."""
@@ -183,7 +186,8 @@ def render(
         total = int(-(-sound.samples.shape[1] * fps // sound.sample_rate))
         n = 0
         first = None
-        with Mp4Writer(output, w, h, fps, audio=sound, crf=crf, pixel_input="nv12") as writer:
+        workers = encode_workers or max(1, min(8, (os.cpu_count() or 1) // 2))
+        with Mp4Writer(output, w, h, fps, audio=sound, crf=crf, pixel_input="nv12", workers=workers) as writer:
             bar = tqdm(total=total, unit="f", desc=f"render {eng.name}", file=sys.stderr)
             t_start = time.perf_counter()
             for ch in stream_generator(eng, packet, sound, fps=fps, chunk_frames=chunk, output="nv12"):
