@@ -421,7 +421,10 @@ async def _ws_round_trip(server, fmt: str):
 
 def test_ws_session_round_trip_nv12(server):
     asyncio.run(_ws_round_trip(server, "nv12"))
-    assert httpx.get(f"{server.url}/metrics").json()["active_sessions"] == 0  # freed on close
+    m = httpx.get(f"{server.url}/metrics").json()
+    assert m["active_sessions"] == 0  # freed on close
+    batching = m["render_batching"]  # the session rendered through the engine's shared batcher
+    assert batching and all(b["requests"] >= b["batches"] >= 1 for b in batching.values())
 
 
 def test_ws_session_round_trip_h264(server):

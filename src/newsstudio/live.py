@@ -45,7 +45,7 @@ import torch
 from .audio.source import as_fraction, frame_sample, frames_for_samples
 from .avatar.packet import Packet
 from .compose.colour import nv12_to_rgb
-from .engines.base import Engine
+from .engines.base import AvatarLayer, Engine
 from .media.audio import Audio, audio_from_array, load_audio
 from .stream import StreamSession, background_for
 
@@ -439,6 +439,7 @@ class LiveSession:
         session_id: str | None = None,
         engine_name: str | None = None,
         on_close: Callable[["LiveSession"], None] | None = None,
+        renderer: Callable[[AvatarLayer, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     ):
         self.id = session_id or uuid.uuid4().hex[:16]
         self.transport: str | None = None  # set by the server: "webrtc", "ws", ...
@@ -453,7 +454,7 @@ class LiveSession:
         self.prebuffer_frames = max(1, math.ceil(self.prebuffer_s * float(as_fraction(fps))))
         self.clock = MediaClock(self.fps, time_source, self.out_rate)
         self.layer = engine.load_avatar(packet)
-        self.stream = StreamSession(engine, self.layer, background_for(engine, packet), self.fps)
+        self.stream = StreamSession(engine, self.layer, background_for(engine, packet), self.fps, renderer=renderer)
         self._idle = IdleFrames.for_session(engine, packet, self.stream)
         self.width, self.height = packet.size
         self.stats = SessionStats()

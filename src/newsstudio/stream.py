@@ -23,7 +23,7 @@ import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from fractions import Fraction
 from pathlib import Path
 from typing import Any, Literal
@@ -61,10 +61,15 @@ class BackgroundFrames:
 
 
 class StreamSession:
-    """Per-stream state: one conditioner + driver + frame counter over a loaded avatar layer."""
+    """Per-stream state: one conditioner + driver + frame counter over a loaded avatar layer.
 
-    def __init__(self, engine: Engine, layer: AvatarLayer, background: BackgroundFrames, fps: Fraction):
+    ``renderer``: what renders the ROIs, ``engine.render`` by default; a server passes its
+    `RenderBatcher.render` so concurrent sessions share GPU batches."""
+
+    def __init__(self, engine: Engine, layer: AvatarLayer, background: BackgroundFrames, fps: Fraction,
+                 renderer: Callable[[AvatarLayer, torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
         self.engine = engine
+        self.renderer = renderer or engine.render
         self.layer = layer
         self.background = background
         self.fps = fps
@@ -83,7 +88,7 @@ class StreamSession:
         n = int(driving.shape[0])
         dev = self.layer.device
         idx = pingpong_index(torch.arange(frame_start, frame_start + n, device=dev), self.layer.n_frames)
-        rois = self.engine.render(self.layer, driving, idx)
+        rois = self.renderer(self.layer, driving, idx)
         bg = self.background.gather(idx)
         frames = splice_nv12(bg, rois, self.layer.masks.index_select(0, idx), self.layer.origins.index_select(0, idx), out=bg)
         if self.banner is not None:

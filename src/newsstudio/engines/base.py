@@ -138,6 +138,23 @@ class Engine(ABC):
         frame_idx: (B,) source-frame index of each output frame (ping-pong already applied).
         """
 
+    def render_many(self, items: list[tuple[AvatarLayer, torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        """`render` for several (layer, driving, frame_idx) requests at once (batching.RenderBatcher):
+        one output per item, in order. This default makes one `render` call per layer with that
+        layer's items concatenated; engines whose networks batch across avatars override it."""
+        groups: dict[int, list[int]] = {}
+        for k, (layer, _, _) in enumerate(items):
+            groups.setdefault(id(layer), []).append(k)
+        outs: list[torch.Tensor | None] = [None] * len(items)
+        for ks in groups.values():
+            if len(ks) == 1:
+                outs[ks[0]] = self.render(*items[ks[0]])
+                continue
+            merged = self.render(items[ks[0]][0], torch.cat([items[k][1] for k in ks]), torch.cat([items[k][2] for k in ks]))
+            for k, part in zip(ks, torch.split(merged, [int(items[k][2].shape[0]) for k in ks])):
+                outs[k] = part
+        return outs  # type: ignore[return-value]
+
     def prebake(self, packet: Packet, progress: bool = True) -> Packet:
         """Add this engine's precomputed tensors to the packet (no-op when present)."""
         return packet

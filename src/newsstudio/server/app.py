@@ -115,6 +115,7 @@ def create_app(cfg: ServerConfig | None = None) -> FastAPI:
             ws_slow_client_closes_total=state.metrics.ws_slow_closes,
             rss_bytes=rss_bytes(),
             gpu=state.gpu_memory(),
+            render_batching={k: m.BatchingInfo(**v) for k, v in state.engines.batcher_stats().items()},
             sessions=[m.SessionInfo(**s.info()) for s in state.sessions.list() if not s.closed],
         )
 

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from ..engines.base import Engine
+from ..engines.batching import RenderBatcher
 from ..engines.registry import ENGINES, create_engine, default_engine, engine_options
 
 log = logging.getLogger(__name__)
@@ -18,8 +19,11 @@ class EngineUnavailable(RuntimeError):
 
 
 class EnginePool:
-    def __init__(self, default: str, device: torch.device, weights: str, models: Any, accel: str = "auto"):
+    def __init__(self, default: str, device: torch.device, weights: str, models: Any, accel: str = "auto",
+                 batch_sessions: bool = True):
         self.device = device
+        self.batch_sessions = batch_sessions
+        self._batchers: dict[str, RenderBatcher] = {}
         self.weights = weights
         self.models = models
         self.accel = accel
@@ -61,6 +65,26 @@ class EnginePool:
                 raise EngineUnavailable(self._errors[name]) from e
             self._engines[name] = eng
             return name, eng
+
+    def renderer(self, name: str):
+        """What live sessions of a loaded engine render with: the engine's shared RenderBatcher
+        (batch_sessions), else its own `render`."""
+        eng = self._engines[name]
+        if not self.batch_sessions:
+            return eng.render
+        with self._locks[name]:
+            b = self._batchers.get(name)
+            if b is None:
+                b = self._batchers[name] = RenderBatcher(eng)
+        return b.render
+
+    def batcher_stats(self) -> dict[str, dict[str, float]]:
+        return {name: b.stats.as_dict() for name, b in self._batchers.items()}
+
+    def close(self) -> None:
+        for b in self._batchers.values():
+            b.close()
+        self._batchers.clear()
 
     def loaded(self) -> dict[str, Engine]:
         return dict(self._engines)

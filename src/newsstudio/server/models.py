@@ -82,6 +82,14 @@ class SessionInfo(BaseModel):
     last_start_ms: float | None = None
 
 
+class BatchingInfo(BaseModel):
+    requests: int = Field(description="Render requests from live sessions.")
+    batches: int = Field(description="Engine calls they were merged into.")
+    frames: int
+    largest_batch_frames: int
+    requests_per_batch: float
+
+
 class Metrics(BaseModel):
     uptime_s: float
     fps: float = Field(description="Frames handed to clients per second, all sessions and jobs, last 5 s.")
@@ -95,6 +103,8 @@ class Metrics(BaseModel):
     ws_slow_client_closes_total: int
     rss_bytes: int | None
     gpu: list[GpuMemory] | None = Field(description="Per CUDA device; null without CUDA.")
+    render_batching: dict[str, BatchingInfo] = Field(
+        default_factory=dict, description="Per engine: how live sessions' renders were merged into shared batches.")
     sessions: list[SessionInfo]
 
 

@@ -40,6 +40,8 @@ class ServerConfig:
     max_upload_bytes: int = 200 << 20
     accel: str = "auto"
     """How the neural engines run (registry.engine_options; auto = compile+cudagraph on CUDA)."""
+    batch_sessions: bool = True
+    """Live sessions of one engine render through one RenderBatcher (shared GPU batches)."""
     ws_send_queue: int = 8
     """Chunks a WebSocket client may have queued unsent before it counts as not reading."""
     ws_close_timeout_s: float = 30.0
@@ -102,7 +104,7 @@ class ServerState:
         self.clips_dir = Path(clips).resolve()
         self.clips_dir.mkdir(parents=True, exist_ok=True)
         self.fps = Fraction(cfg.fps).limit_denominator(1001)
-        self.engines = EnginePool(cfg.engine, self.device, cfg.weights, cfg.models, cfg.accel)
+        self.engines = EnginePool(cfg.engine, self.device, cfg.weights, cfg.models, cfg.accel, cfg.batch_sessions)
         self.sessions = SessionManager(cfg.max_sessions)
         self.jobs = JobManager({"prebake": 1, "clip": 2}, keep=cfg.jobs_kept)
         self.metrics = Metrics()
@@ -148,6 +150,7 @@ class ServerState:
             s = LiveSession(
                 eng, packet, fps=rate, time_source=self.cfg.time_source, render_ahead=self.cfg.render_ahead,
                 prebuffer_s=self.cfg.prebuffer_s, engine_name=name, on_close=on_close,
+                renderer=self.engines.renderer(name),
             )
             s.transport = transport
             return s
@@ -181,6 +184,7 @@ class ServerState:
 
     def close(self) -> None:
         self.sessions.close_all()
+        self.engines.close()
         self.jobs.shutdown()
         self.render_pool.shutdown(wait=False, cancel_futures=True)
 

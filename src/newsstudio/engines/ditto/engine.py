@@ -492,17 +492,35 @@ class DittoEngine(Engine):
         return torch.where(keep, x_src, res.x_s.expand_as(x_src)), torch.where(keep, x_src, res.x_d)
 
     def render(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> torch.Tensor:
-        if self._strider is not None and driving.shape[-1] == self._strider.width:
-            return self._strider.render(layer, driving, frame_idx)  # stride mode; dense rows (idle) below
+        return self.render_many([(layer, driving, frame_idx)])[0]
+
+    def render_many(self, items: list[tuple[AvatarLayer, torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        """Dense items of any avatars through ONE warp + decoder batch (keypoints are stitched per
+        avatar first), each then sampled into its own ROI; stride-mode rows go to the stride
+        renderer, which batches per stream itself."""
         dev = self.device
-        d = layer.data
-        idx = frame_idx.to(dev)
+        out: list[torch.Tensor | None] = [None] * len(items)
+        dense: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
         with torch.inference_mode():
-            x_s, x_d = self.keypoints(layer, driving, idx)
-            src_idx = idx.to(d["f_s"].device)
-            f_s = d["f_s"].index_select(0, src_idx).to(dev, self.dtype, non_blocking=True)
-            grid = d["grid"].index_select(0, src_idx).to(dev, non_blocking=True)
-            return sample_crops_to_roi(self._crop_runner(f_s, x_s, x_d), grid)
+            for k, (layer, driving, frame_idx) in enumerate(items):
+                if self._strider is not None and driving.shape[-1] == self._strider.width:
+                    out[k] = self._strider.render(layer, driving, frame_idx)  # stride mode; dense rows (idle) below
+                    continue
+                d = layer.data
+                idx = frame_idx.to(dev)
+                x_s, x_d = self.keypoints(layer, driving, idx)
+                src_idx = idx.to(d["f_s"].device)
+                f_s = d["f_s"].index_select(0, src_idx).to(dev, self.dtype, non_blocking=True)
+                grid = d["grid"].index_select(0, src_idx).to(dev, non_blocking=True)
+                dense.append((k, f_s, x_s, x_d, grid))
+            if dense:
+                crops = self._crop_runner(*(torch.cat([e[i] for e in dense]) for i in (1, 2, 3)))
+                s = 0
+                for k, f_s, _, _, grid in dense:
+                    n = int(f_s.shape[0])
+                    out[k] = sample_crops_to_roi(crops[s:s + n], grid)
+                    s += n
+        return out  # type: ignore[return-value]
 
     def warp_decode(self, f_s: torch.Tensor, x_s: torch.Tensor, x_d: torch.Tensor, with_mask: bool = False
                     ) -> tuple[torch.Tensor, ...]:

@@ -375,13 +375,23 @@ class MuseTalkEngine(Engine):
         return MuseTalkConditioner(self.models.whisper_encoder, fps, self.sample_rate)
 
     def render(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> torch.Tensor:
+        return self.render_many([(layer, driving, frame_idx)])[0]
+
+    def render_many(self, items: list[tuple[AvatarLayer, torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        """All items' faces in one UNet + decode batch (any mix of avatars: the networks see 256x256
+        crops only), then each item resized into its own avatar's boxes."""
         dev = self.device
-        idx = frame_idx.to(dev)
         with torch.inference_mode():
-            latents = layer.data["latents"].index_select(0, idx)
-            prompts = driving.to(dev, self.dtype)
-            face = self._face_runner(latents, prompts)
-            return resize_into_boxes(face, layer.data["boxes"].index_select(0, idx), layer.roi_hw)
+            idxs = [idx.to(dev) for _, _, idx in items]
+            latents = torch.cat([layer.data["latents"].index_select(0, idx) for (layer, _, _), idx in zip(items, idxs)])
+            prompts = torch.cat([d.to(dev, self.dtype) for _, d, _ in items])
+            faces = self._face_runner(latents, prompts)
+            out, s = [], 0
+            for (layer, _, _), idx in zip(items, idxs):
+                n = int(idx.shape[0])
+                out.append(resize_into_boxes(faces[s:s + n], layer.data["boxes"].index_select(0, idx), layer.roi_hw))
+                s += n
+            return out
 
     def _faces(self, latents: torch.Tensor, prompts: torch.Tensor) -> torch.Tensor:
         """UNet step + VAE decode + the official post-processing: (B, 3, 256, 256) float in [0, 255]."""

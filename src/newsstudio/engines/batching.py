@@ -1,0 +1,151 @@
+"""One GPU, many live streams: merge the render calls that streams make at the same time.
+
+Each live session renders a few frames at a time (its chunk), from its own thread. On a GPU,
+16 sessions each running a batch of 2-4 frames leave most of the chip idle, and the network
+calls queue up behind each other anyway. `RenderBatcher` puts every `render` request in one
+queue; a single render thread takes *everything queued when it becomes free* (up to
+`max_frames`) and runs it as one `engine.render_many` call -- across streams and across avatars
+where the engine supports it (MuseTalk, Ditto) -- then hands each stream its slice.
+
+No request waits for company: at low load a request is rendered alone at once (no added
+latency); under load requests pile up while the previous batch runs, and the next batch takes
+them all, so the GPU works on bigger batches exactly when it is busy. `window_s` > 0 adds a short
+wait for more requests (throughput over latency). A batch that fails is retried request by
+request, so one stream's bad input fails only that stream.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+from .base import AvatarLayer, Engine
+
+
+@dataclass
+class _Request:
+    layer: AvatarLayer
+    driving: torch.Tensor
+    frame_idx: torch.Tensor
+    future: Future = field(default_factory=Future)
+
+    @property
+    def frames(self) -> int:
+        return int(self.frame_idx.shape[0])
+
+
+@dataclass
+class BatcherStats:
+    requests: int = 0
+    batches: int = 0
+    frames: int = 0
+    largest_batch: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        return {"requests": self.requests, "batches": self.batches, "frames": self.frames,
+                "largest_batch_frames": self.largest_batch,
+                "requests_per_batch": self.requests / self.batches if self.batches else 0.0}
+
+
+class RenderBatcher:
+    """`render(layer, driving, frame_idx)` with the engine's signature, from any thread; see the
+    module doc. `close()` stops the render thread (pending requests fail with RuntimeError)."""
+
+    def __init__(self, engine: Engine, max_frames: int = 32, window_s: float = 0.0, autostart: bool = True):
+        if max_frames < 1:
+            raise ValueError(f"max_frames must be >= 1, got {max_frames}")
+        self.engine = engine
+        self.max_frames = int(max_frames)
+        self.window_s = float(window_s)
+        self.stats = BatcherStats()
+        self._q: queue.Queue[_Request | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._closed = False
+        self._autostart = autostart
+
+    # -- callers ------------------------------------------------------------------------------
+    def submit(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> Future:
+        """Queue one render; the future's result is what `engine.render` would return."""
+        if self._closed:
+            raise RuntimeError("RenderBatcher is closed")
+        req = _Request(layer, driving, frame_idx)
+        self._q.put(req)
+        if self._autostart:
+            self.start()
+        return req.future
+
+    def render(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> torch.Tensor:
+        return self.submit(layer, driving, frame_idx).result()
+
+    def start(self) -> None:
+        with self._start_lock:
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._loop, name=f"render-batcher-{self.engine.name}", daemon=True)
+                self._thread.start()
+
+    def close(self) -> None:
+        self._closed = True
+        self._q.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        while True:  # anything still queued
+            try:
+                req = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if req is not None and not req.future.done():
+                req.future.set_exception(RuntimeError("RenderBatcher closed before this render ran"))
+
+    # -- the render thread ----------------------------------------------------------------------
+    def _take_batch(self, first: _Request) -> tuple[list[_Request], bool]:
+        batch, n, stop = [first], first.frames, False
+        deadline = time.monotonic() + self.window_s
+        while n < self.max_frames:
+            try:
+                wait = deadline - time.monotonic()
+                req = self._q.get_nowait() if wait <= 0 else self._q.get(timeout=wait)
+            except queue.Empty:
+                break
+            if req is None:
+                stop = True
+                break
+            if n + req.frames > self.max_frames:
+                self._q.put(req)  # next batch (order between streams does not matter)
+                break
+            batch.append(req)
+            n += req.frames
+        return batch, stop
+
+    def _loop(self) -> None:
+        while True:
+            first = self._q.get()
+            if first is None:
+                return
+            batch, stop = self._take_batch(first)
+            self._run(batch)
+            if stop:
+                return
+
+    def _run(self, batch: list[_Request]) -> None:
+        s = self.stats
+        s.requests += len(batch)
+        s.batches += 1
+        s.frames += sum(r.frames for r in batch)
+        s.largest_batch = max(s.largest_batch, sum(r.frames for r in batch))
+        try:
+            with torch.inference_mode():
+                outs = self.engine.render_many([(r.layer, r.driving, r.frame_idx) for r in batch])
+        except BaseException as exc:  # noqa: BLE001 - retried one by one below
+            if len(batch) == 1:
+                batch[0].future.set_exception(exc)
+                return
+            for r in batch:
+                self._run([r])
+            return
+        for r, out in zip(batch, outs):
+            r.future.set_result(out)
