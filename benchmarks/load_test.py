@@ -10,6 +10,7 @@ the server has a GPU).
 
     python -m benchmarks.load_test --sessions 1,2,4,8 --duration 15 --size 256
     python -m benchmarks.load_test --url http://host:8000 --avatar anchor --sessions 16
+    python -m benchmarks.load_test --engine musetalk --weights random --fps 30 --size 1080 --sessions 4,8,16,24
 
 Without --url it starts its own server in this process (uvicorn on a free loopback port)
 with a prebaked astronaut avatar of --size.
@@ -45,7 +46,9 @@ def start_server(args) -> tuple[str, object]:
     d = Path(tempfile.mkdtemp(prefix="ns-load-"))
     Image.fromarray(data.astronaut()).save(d / "astronaut.png")
     prebake(d / "astronaut.png", args.avatar, root=d / "avatars", size=(args.size, args.size), progress=False)
-    cfg = ServerConfig(engine=args.engine, device=args.device, avatars=d / "avatars", clips=d / "clips", max_sessions=max(args.sessions) + 2, weights=args.weights)
+    cfg = ServerConfig(engine=args.engine, device=args.device, avatars=d / "avatars", clips=d / "clips",
+                       max_sessions=max(args.sessions) + 2, weights=args.weights, fps=args.fps, accel=args.accel,
+                       batch_sessions=not args.no_batch)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(create_app(cfg), log_level="warning"))
@@ -139,7 +142,7 @@ async def run_level(url: str, n: int, args, pcm, sr) -> dict:
             if after["active_sessions"] == 0:
                 break
             await asyncio.sleep(0.1)
-    chunk_s = args.chunk_frames / 25.0
+    chunk_s = args.chunk_frames / args.fps
     sustained = 0
     lates = []
     rates = []
@@ -175,6 +178,9 @@ def main() -> None:
     ap.add_argument("--engine", default="classic")
     ap.add_argument("--weights", default="official")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--fps", type=float, default=25.0, help="frame rate of the sessions (the goal is stated at 30)")
+    ap.add_argument("--accel", default="auto", help="neural engines on CUDA: auto (compile+cudagraph), cudagraph, ...")
+    ap.add_argument("--no-batch", action="store_true", help="sessions render separately instead of through the shared RenderBatcher")
     ap.add_argument("--format", default="nv12", choices=("nv12", "h264"))
     ap.add_argument("--chunk-frames", type=int, default=2)
     ap.add_argument("--speech", default=None, help="speech file streamed by every client (default: builtin:hello)")
