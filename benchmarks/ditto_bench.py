@@ -14,7 +14,8 @@ avatar (the yongen loop prebaked at --size):
   hand-offs, two-pass CFG, per-frame fp16 autocast warp + decode, CPU paste-back), warm;
 * LMDM: one 80-frame window with ``--steps`` DDIM steps, ours (batched CFG) vs two passes, as
   effective motion fps (80 frames / window time; ``valid_fps`` counts the 80 - overlap frames a
-  window adds in a stream);
+  window adds in a stream); then B windows of different streams in one DDIM run (the server's
+  MotionBatcher) for B = 16, 64, 256: effective motion fps = B x 80 / run time;
 * avatar cold start: our packet opened until every array is addressable vs loading the pickled
   ``source_info`` a user of the release would cache; the Ditto prebake (registration) time;
 * FLOPs per frame of warp + decoder (torch FlopCounterMode) and the share of the GPU's peak;
@@ -142,7 +143,8 @@ def stride_figures(packet, device: torch.device, seconds: float, chunk: int, rep
 
 
 @torch.no_grad()
-def lmdm_figures(lmdm, device: torch.device, steps: int, overlap: int, repeat: int) -> dict[str, Any]:
+def lmdm_figures(lmdm, device: torch.device, steps: int, overlap: int, repeat: int,
+                 batch_windows: tuple[int, ...] = (16, 64, 256)) -> dict[str, Any]:
     """One 80-frame window, ``steps`` DDIM steps: batched CFG (ours) vs two decoder passes."""
     from newsstudio.engines.ditto.lmdm import DDIMSampler
 
@@ -160,6 +162,21 @@ def lmdm_figures(lmdm, device: torch.device, steps: int, overlap: int, repeat: i
         res[f"{name}_fps"] = lmdm.seq_frames / t
         res[f"{name}_valid_fps"] = (lmdm.seq_frames - overlap) / t
     res["speedup"] = res["two_pass_ms"] / res["ours_ms"]
+    # many streams' windows in one DDIM run (engines.ditto.lmdm.MotionBatcher): effective fps per batch size
+    from newsstudio.engines.ditto.lmdm import MotionBatcher
+
+    mb = MotionBatcher(lmdm, steps=steps, autostart=False)
+    res["batched"] = {}
+    for b in batch_windows:
+        kb, cb = kp.expand(b, -1).contiguous(), cond.expand(b, -1, -1).contiguous()
+        x = torch.randn(b, lmdm.seq_frames, lmdm.motion_feat_dim, device=device)
+        noise = torch.randn(max(steps - 1, 0), b, lmdm.seq_frames, lmdm.motion_feat_dim, device=device)
+        try:
+            ts = timed(lambda: mb.sampler.sample(kb, cb, x_T=x, step_noise=noise), device, repeat=repeat, warmup=2)
+        except torch.OutOfMemoryError:
+            break
+        t = median(ts)
+        res["batched"][b] = {"ms": t * 1e3, "fps": b * lmdm.seq_frames / t, "valid_fps": b * (lmdm.seq_frames - overlap) / t}
     return res
 
 
@@ -251,7 +268,8 @@ def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, 
                                        psnr_modes=stride_psnr_modes or [stride_mode], dense_engine=engine,
                                        engine_kwargs=dict(weights="random", salt=salt, steps=steps, accel=stride_accel or specs[0][0], **opts))
     print("[ditto] LMDM window timing ...", file=sys.stderr, flush=True)
-    out["lmdm"] = lmdm_figures(engine.models.lmdm, device, steps, engine.config.overlap_v2, repeat=max(3, repeat * 3))
+    out["lmdm"] = lmdm_figures(engine.models.lmdm, device, steps, engine.config.overlap_v2, repeat=max(3, repeat * 3),
+                               batch_windows=(2,) if quick else (16, 64, 256))
     if not skip_reference:
         print(f"[ditto] reference: warm-up and {repeat} runs ...", file=sys.stderr, flush=True)
         out["reference"] = reference_figures(engine, packet, seconds, repeat, workdir, steps, salt)
@@ -301,6 +319,8 @@ def print_table(sec: dict[str, Any]) -> None:
         f"{sec['ratios']['ttff']:.1f}x" if r else "-")
     row(f"LMDM {lm['steps']}-step 80-frame window, motion fps", f"{lm['ours_fps']:.0f} ({lm['ours_ms']:.1f} ms)",
         f"{lm['two_pass_fps']:.0f} ({lm['two_pass_ms']:.1f} ms)", f"{lm['speedup']:.2f}x")
+    for b, v in lm.get("batched", {}).items():
+        row(f"LMDM {lm['steps']}-step, {b} streams' windows in one batch, motion fps", f"{v['fps']:.0f} ({v['ms']:.1f} ms)")
     if cs:
         row("avatar cold start, ms", f"{cs['ours_ms']:.3f}", f"{cs['official_ms']:.1f}", f"{cs['ratio']:.0f}x")
     row("segment -> MP4 with audio, s", f"{o['segment_mp4_s']:.2f}")

@@ -167,3 +167,53 @@ def test_neural_engines_batch_across_avatars(name, two_layers, tmp_path):
         # equal up to batch-size-dependent float rounding (MuseTalk rounds faces to 8-bit levels: one level)
         diff = (t - a).abs()
         assert float(diff.max()) <= 1.0 + 1e-3 and float(diff.mean()) < 0.01
+
+
+def test_lmdm_windows_of_several_streams_in_one_batch_equal_sampling_alone():
+    """Each stream draws its own noises; the shared MotionBatcher samples all windows in one DDIM
+    run; every stream gets exactly the motion it would have sampled alone."""
+    from newsstudio.engines.ditto.lmdm import LMDM, DDIMSampler, MotionBatcher
+    from newsstudio.weights.seeded import fill_seeded_
+
+    lmdm = fill_seeded_(LMDM(motion_feat_dim=265, audio_feat_dim=64, seq_frames=20), 5).eval()
+    g = torch.Generator().manual_seed(2)
+    conds = [torch.randn(1, 20, 64, generator=g) for _ in range(3)]
+    kps = [torch.randn(1, 265, generator=g) * 0.1 for _ in range(3)]
+
+    def sampler(seed, batcher=None):
+        return DDIMSampler(lmdm, steps=4, generator=torch.Generator().manual_seed(seed), batcher=batcher)
+
+    with torch.no_grad():
+        alone = [sampler(10 + k).sample(kps[k], conds[k]) for k in range(3)]
+        mb = MotionBatcher(lmdm, steps=4, autostart=False)
+        streams = [sampler(10 + k, mb) for k in range(3)]
+        futures = []
+        for k, s in enumerate(streams):  # what sample() does with a batcher, without blocking: queue first
+            x = s._randn((1, 20, 265), conds[k])
+            futures.append(mb.submit((kps[k], conds[k], x, torch.stack(s.step_noise))))
+        mb.start()
+        together = [f.result(timeout=60) for f in futures]
+        assert mb.stats.batches == 1 and mb.stats.requests == 3
+        for t, a in zip(together, alone):  # equal up to batch-size-dependent float32 GEMM rounding
+            assert float((t - a).norm() / a.norm()) < 1e-5
+        # and the blocking path through DDIMSampler.sample itself
+        s = sampler(10, mb)
+        assert float((s.sample(kps[0], conds[0]) - alone[0]).norm() / alone[0].norm()) < 1e-5
+        mb.close()
+    assert not torch.allclose(alone[0], alone[1])  # the streams' noises differ: the test can fail
+
+
+def test_ditto_stream_through_the_motion_batcher_equals_alone(two_layers, tmp_path):
+    from newsstudio.engines.ditto.engine import DittoEngine
+
+    eng = DittoEngine("cpu", weights="random", input_size=128, hubert_layers=2, steps=2)
+    dest = tmp_path / "a"
+    shutil.copytree(two_layers[0].path, dest)
+    layer = eng.load_avatar(eng.prebake(open_packet(dest), progress=False))
+    alone = _driving(eng, layer, 4.0)
+    mb = eng.use_motion_batcher()
+    assert eng.use_motion_batcher() is mb
+    batched = _driving(eng, layer, 4.0)
+    mb.close()
+    assert mb.stats.requests >= 2  # 4 s = two or more 80-frame windows went through the batcher
+    torch.testing.assert_close(batched, alone, atol=1e-5, rtol=1e-5)

@@ -12,6 +12,10 @@ latency); under load requests pile up while the previous batch runs, and the nex
 them all, so the GPU works on bigger batches exactly when it is busy. `window_s` > 0 adds a short
 wait for more requests (throughput over latency). A batch that fails is retried request by
 request, so one stream's bad input fails only that stream.
+
+`Batcher` is the generic queue + worker; `RenderBatcher` batches `engine.render_many`, and
+`engines.ditto.lmdm.MotionBatcher` batches Ditto's LMDM windows (each stream still draws its own
+noises, so its motion is what it would sample alone).
 """
 from __future__ import annotations
 
@@ -19,23 +23,24 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import torch
 
 from .base import AvatarLayer, Engine
 
 
-@dataclass
-class _Request:
-    layer: AvatarLayer
-    driving: torch.Tensor
-    frame_idx: torch.Tensor
-    future: Future = field(default_factory=Future)
+T = TypeVar("T")
+R = TypeVar("R")
 
-    @property
-    def frames(self) -> int:
-        return int(self.frame_idx.shape[0])
+
+@dataclass
+class _Request(Generic[T]):
+    item: T
+    size: int
+    future: Future = field(default_factory=Future)
 
 
 @dataclass
@@ -51,41 +56,40 @@ class BatcherStats:
                 "requests_per_batch": self.requests / self.batches if self.batches else 0.0}
 
 
-class RenderBatcher:
-    """`render(layer, driving, frame_idx)` with the engine's signature, from any thread; see the
-    module doc. `close()` stops the render thread (pending requests fail with RuntimeError)."""
+class Batcher(Generic[T, R]):
+    """`run_many(items) -> results` on whatever is queued when the worker thread is free (see the
+    module doc); `submit(item)` from any thread returns a Future. ``size_of(item)`` counts frames
+    toward ``max_frames`` per batch. `close()` stops the thread (pending requests fail)."""
 
-    def __init__(self, engine: Engine, max_frames: int = 32, window_s: float = 0.0, autostart: bool = True):
+    def __init__(self, run_many: Callable[[list[T]], list[R]], size_of: Callable[[T], int], *, max_frames: int = 32,
+                 window_s: float = 0.0, autostart: bool = True, name: str = "batcher"):
         if max_frames < 1:
             raise ValueError(f"max_frames must be >= 1, got {max_frames}")
-        self.engine = engine
+        self.run_many, self.size_of = run_many, size_of
         self.max_frames = int(max_frames)
         self.window_s = float(window_s)
+        self.name = name
         self.stats = BatcherStats()
-        self._q: queue.Queue[_Request | None] = queue.Queue()
+        self._q: queue.Queue[_Request[T] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._closed = False
         self._autostart = autostart
 
     # -- callers ------------------------------------------------------------------------------
-    def submit(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> Future:
-        """Queue one render; the future's result is what `engine.render` would return."""
+    def submit(self, item: T) -> Future:
         if self._closed:
-            raise RuntimeError("RenderBatcher is closed")
-        req = _Request(layer, driving, frame_idx)
+            raise RuntimeError(f"{type(self).__name__} is closed")
+        req = _Request(item, int(self.size_of(item)))
         self._q.put(req)
         if self._autostart:
             self.start()
         return req.future
 
-    def render(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> torch.Tensor:
-        return self.submit(layer, driving, frame_idx).result()
-
     def start(self) -> None:
         with self._start_lock:
             if self._thread is None and not self._closed:
-                self._thread = threading.Thread(target=self._loop, name=f"render-batcher-{self.engine.name}", daemon=True)
+                self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
                 self._thread.start()
 
     def close(self) -> None:
@@ -99,11 +103,11 @@ class RenderBatcher:
             except queue.Empty:
                 break
             if req is not None and not req.future.done():
-                req.future.set_exception(RuntimeError("RenderBatcher closed before this render ran"))
+                req.future.set_exception(RuntimeError(f"{type(self).__name__} closed before this request ran"))
 
-    # -- the render thread ----------------------------------------------------------------------
-    def _take_batch(self, first: _Request) -> tuple[list[_Request], bool]:
-        batch, n, stop = [first], first.frames, False
+    # -- the worker thread ----------------------------------------------------------------------
+    def _take_batch(self, first: _Request[T]) -> tuple[list[_Request[T]], bool]:
+        batch, n, stop = [first], first.size, False
         deadline = time.monotonic() + self.window_s
         while n < self.max_frames:
             try:
@@ -114,11 +118,11 @@ class RenderBatcher:
             if req is None:
                 stop = True
                 break
-            if n + req.frames > self.max_frames:
+            if n + req.size > self.max_frames:
                 self._q.put(req)  # next batch (order between streams does not matter)
                 break
             batch.append(req)
-            n += req.frames
+            n += req.size
         return batch, stop
 
     def _loop(self) -> None:
@@ -131,15 +135,15 @@ class RenderBatcher:
             if stop:
                 return
 
-    def _run(self, batch: list[_Request]) -> None:
+    def _run(self, batch: list[_Request[T]]) -> None:
         s = self.stats
         s.requests += len(batch)
         s.batches += 1
-        s.frames += sum(r.frames for r in batch)
-        s.largest_batch = max(s.largest_batch, sum(r.frames for r in batch))
+        s.frames += sum(r.size for r in batch)
+        s.largest_batch = max(s.largest_batch, sum(r.size for r in batch))
         try:
             with torch.inference_mode():
-                outs = self.engine.render_many([(r.layer, r.driving, r.frame_idx) for r in batch])
+                outs = self.run_many([r.item for r in batch])
         except BaseException as exc:  # noqa: BLE001 - retried one by one below
             if len(batch) == 1:
                 batch[0].future.set_exception(exc)
@@ -149,3 +153,20 @@ class RenderBatcher:
             return
         for r, out in zip(batch, outs):
             r.future.set_result(out)
+
+
+class RenderBatcher(Batcher[tuple[AvatarLayer, torch.Tensor, torch.Tensor], torch.Tensor]):
+    """`render(layer, driving, frame_idx)` with the engine's signature, from any thread, through
+    one `engine.render_many` call per batch (see the module doc)."""
+
+    def __init__(self, engine: Engine, max_frames: int = 32, window_s: float = 0.0, autostart: bool = True):
+        super().__init__(engine.render_many, lambda item: int(item[2].shape[0]), max_frames=max_frames,
+                         window_s=window_s, autostart=autostart, name=f"render-batcher-{engine.name}")
+        self.engine = engine
+
+    def submit(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> Future:  # type: ignore[override]
+        """Queue one render; the future's result is what `engine.render` would return."""
+        return super().submit((layer, driving, frame_idx))
+
+    def render(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> torch.Tensor:
+        return self.submit(layer, driving, frame_idx).result()

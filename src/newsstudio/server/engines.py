@@ -76,6 +76,9 @@ class EnginePool:
             b = self._batchers.get(name)
             if b is None:
                 b = self._batchers[name] = RenderBatcher(eng)
+                motion = getattr(eng, "use_motion_batcher", None)
+                if motion is not None:  # Ditto: the sessions' LMDM windows batch too
+                    self._batchers[f"{name}/motion"] = motion()
         return b.render
 
     def batcher_stats(self) -> dict[str, dict[str, float]]:

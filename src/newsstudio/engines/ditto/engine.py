@@ -64,7 +64,7 @@ from ...compose.splice import sample_crops_to_roi
 from ..base import AvatarLayer, Engine, FrameQueue, TensorFrameQueue, pingpong_index
 from ..model_cache import ModelCache
 from .config import DittoConfig, load_config
-from .lmdm import DDIMSampler, MotionWindowStream
+from .lmdm import DDIMSampler, MotionBatcher, MotionWindowStream
 from .motion_stitch import (
     NUM_KP,
     MotionStitchConfig,
@@ -195,7 +195,8 @@ class DittoDriver(FrameQueue):
         d = layer.data
         self.n_src = layer.n_frames
         gen = torch.Generator(device=self.device).manual_seed(int(cfg.seed))
-        self.sampler = DDIMSampler(engine.models.lmdm, steps=int(cfg.steps), eta=1.0, generator=gen)
+        self.sampler = DDIMSampler(engine.models.lmdm, steps=int(cfg.steps), eta=1.0, generator=gen,
+                                   batcher=engine.motion_batcher)
         self.stream = MotionWindowStream(self.sampler, d["kp_cond"], overlap=cfg.overlap_v2, smooth_k=cfg.smo_k_d,
                                          fix_kp_cond=cfg.fix_kp_cond, fix_kp_cond_dim=cfg.fix_kp_cond_dim)
         self.warmup = cfg.overlap_v2 if cfg.online_mode else 0
@@ -366,6 +367,8 @@ class DittoEngine(Engine):
         self._strider = StrideRenderer(self, self.stride, stride_mode, DRIVING_DIM) if self.stride > 1 else None
         self._silence: dict[int, torch.Tensor] = {}
         self._layers: dict[str, AvatarLayer] = {}
+        #: shared by the streams of a server (`use_motion_batcher`): their LMDM windows sample in one batch
+        self.motion_batcher: MotionBatcher | None = None
         self._lock = threading.RLock()
 
     # -- prebake ----------------------------------------------------------------------------------
@@ -544,6 +547,13 @@ class DittoEngine(Engine):
     def _crops(self, f_s: torch.Tensor, x_s: torch.Tensor, x_d: torch.Tensor) -> torch.Tensor:
         """The dense render's crops: (B, 3, 512, 512) float in [0, 255]."""
         return self.warp_decode(f_s, x_s, x_d)[0].float().clamp_(0, 1).mul_(255.0)
+
+    def use_motion_batcher(self, max_windows: int = 256) -> MotionBatcher:
+        """Make every stream created from now on sample its LMDM windows through one shared
+        `MotionBatcher` (same motion as alone; many streams' windows per DDIM run)."""
+        if self.motion_batcher is None:
+            self.motion_batcher = MotionBatcher(self.models.lmdm, steps=int(self.config.steps), max_windows=max_windows)
+        return self.motion_batcher
 
     def warm_up(self) -> float:
         """Compile (with a compile mode) and capture warp + decoder for every batch bucket."""

@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from newsstudio.engines.ditto.models.motion_decoder import MotionDecoder
+from ..batching import Batcher
+from .models.motion_decoder import MotionDecoder
 
 N_TIMESTEPS = 1000
 GUIDANCE_WEIGHT = 2.0
@@ -182,10 +183,12 @@ class DDIMSampler:
     (after the step noises, like the reference). Both can be overridden with explicit tensors.
     """
 
-    def __init__(self, lmdm: LMDM, steps: int = 50, eta: float = 1.0, generator: torch.Generator | None = None) -> None:
+    def __init__(self, lmdm: LMDM, steps: int = 50, eta: float = 1.0, generator: torch.Generator | None = None,
+                 batcher: "MotionBatcher | None" = None) -> None:
         self.lmdm = lmdm
         self.eta = eta
         self.generator = generator
+        self.batcher = batcher  # windows of several streams sampled in one batch (noise still drawn here)
         self.plan: DDIMPlan | None = None
         self.step_noise: list[Tensor] = []
         self._time_conds: list[Tensor] = []
@@ -228,12 +231,21 @@ class DDIMSampler:
         aud_cond: Tensor,
         x_T: Tensor | None = None,
         trace: DDIMTrace | None = None,
+        step_noise: Tensor | None = None,
     ) -> Tensor:
-        """Motion [B, L, F] for reference frames kp_cond [B, F] and conditions aud_cond [B, L, C]."""
+        """Motion [B, L, F] for reference frames kp_cond [B, F] and conditions aud_cond [B, L, C].
+
+        ``step_noise`` [S−1, B, L, F]: per-row step noises (rows of different streams batched
+        together), instead of this sampler's own. With a ``batcher`` the call is queued with
+        the noises drawn here, so the result equals sampling alone."""
         assert self.plan is not None
         b = aud_cond.shape[0]
         shape = (b, self.lmdm.seq_frames, self.lmdm.motion_feat_dim)
         x = self._randn(shape, aud_cond) if x_T is None else x_T.to(aud_cond.device, aud_cond.dtype)
+        if self.batcher is not None and trace is None and step_noise is None:
+            noise = torch.stack(self.step_noise).expand(-1, b, -1, -1) if self.step_noise else x.new_zeros((0, *shape))
+            return self.batcher.submit((kp_cond, aud_cond, x, noise)).result()
+        noises = list(step_noise) if step_noise is not None else self.step_noise
         plan = self.plan
         i = 0
         for step, (_, t_next) in enumerate(plan.time_pairs):
@@ -246,9 +258,27 @@ class DDIMSampler:
             if t_next < 0:
                 x = x_start
                 continue
-            x = x_start * plan.alpha_next_sqrt[i] + plan.c[i] * pred_noise + plan.sigma[i] * self.step_noise[i]
+            x = x_start * plan.alpha_next_sqrt[i] + plan.c[i] * pred_noise + plan.sigma[i] * noises[i]
             i += 1
         return x
+
+
+class MotionBatcher(Batcher):
+    """LMDM windows of many streams in one batched DDIM run (the server's Ditto streams share one).
+
+    Items are ``(kp_cond [b, F], aud_cond [b, L, C], x_T [b, L, F], step_noise [S−1, b, L, F])``
+    with the noises drawn by each stream's own sampler, so every stream's motion equals what it
+    would sample alone. ``max_windows`` caps a batch."""
+
+    def __init__(self, lmdm: LMDM, steps: int, eta: float = 1.0, max_windows: int = 256, autostart: bool = True):
+        self.sampler = DDIMSampler(lmdm, steps=steps, eta=eta)
+        super().__init__(self._sample_many, lambda item: int(item[1].shape[0]), max_frames=max_windows,
+                         autostart=autostart, name="motion-batcher")
+
+    def _sample_many(self, items: list[tuple[Tensor, Tensor, Tensor, Tensor]]) -> list[Tensor]:
+        kp, aud, x_T, noise = (torch.cat([it[k] for it in items], dim=1 if k == 3 else 0) for k in range(4))
+        out = self.sampler.sample(kp, aud, x_T=x_T, step_noise=noise)
+        return list(torch.split(out, [int(it[1].shape[0]) for it in items]))
 
 
 class MotionWindowStream:
