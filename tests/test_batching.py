@@ -62,17 +62,23 @@ def _requests(engine, layers, sizes):
     return out
 
 
-def test_queued_requests_share_one_call_and_get_their_own_frames(two_layers):
+def _queued(two_layers, sizes, max_frames):
+    """Requests queued before the batcher starts: (engine, batcher, what it returned, direct renders)."""
     eng = CountingClassic()
     layers = [eng.load_avatar(p) for p in two_layers]
-    reqs = _requests(eng, layers, [3, 2, 4, 3])
+    reqs = _requests(eng, layers, sizes)
     direct = [eng.render(*r) for r in reqs]
     eng.calls.clear()
-    b = RenderBatcher(eng, max_frames=32, autostart=False)
+    b = RenderBatcher(eng, max_frames=max_frames, autostart=False)
     futures = [b.submit(*r) for r in reqs]
     b.start()
     got = [f.result(timeout=60) for f in futures]
     b.close()
+    return eng, b, got, direct
+
+
+def test_queued_requests_share_one_call_and_get_their_own_frames(two_layers):
+    eng, b, got, direct = _queued(two_layers, [3, 2, 4, 3], 32)
     assert eng.calls == [4]  # all four in one batch
     assert b.stats.requests == 4 and b.stats.batches == 1 and b.stats.largest_batch == 12
     for g, d in zip(got, direct):
@@ -81,16 +87,7 @@ def test_queued_requests_share_one_call_and_get_their_own_frames(two_layers):
 
 
 def test_max_frames_splits_batches_and_order_is_kept(two_layers):
-    eng = CountingClassic()
-    layers = [eng.load_avatar(p) for p in two_layers]
-    reqs = _requests(eng, layers, [3, 2, 4, 1])
-    direct = [eng.render(*r) for r in reqs]
-    eng.calls.clear()
-    b = RenderBatcher(eng, max_frames=5, autostart=False)
-    futures = [b.submit(*r) for r in reqs]
-    b.start()
-    got = [f.result(timeout=60) for f in futures]
-    b.close()
+    eng, b, got, direct = _queued(two_layers, [3, 2, 4, 1], 5)
     assert sum(eng.calls) == 4 and len(eng.calls) >= 2 and b.stats.largest_batch <= 5
     for g, d in zip(got, direct):
         torch.testing.assert_close(g, d, atol=1e-3, rtol=0)
