@@ -77,22 +77,33 @@ def write_json(path: str | os.PathLike[str] | None, data: dict[str, Any]) -> Non
         Path(path).write_text(json.dumps(data, indent=1, default=str))
 
 
-def parse_variant(spec: str) -> tuple[str, bool | None]:
-    """`ACCEL[:nchw]` -> (accel mode, channels_last: False for ':nchw', None = the engine's default)."""
+def parse_variant(spec: str) -> dict[str, Any]:
+    """`ACCEL[:nchw|:cl][:nobench]` -> engine keywords: the accel mode, channels_last (':nchw' off,
+    ':cl' on, else the engine's default) and cudnn_benchmark (':nobench' off, else the default: on
+    with CUDA). Each configuration gets its own copy of the weights (engines/model_cache.py)."""
     from newsstudio.accel import MODES
 
-    accel, _, layout = spec.partition(":")
-    if accel not in MODES or layout not in ("", "nchw"):
-        raise SystemExit(f"--variants: {spec!r} is not ACCEL[:nchw] with ACCEL one of {MODES}")
-    return accel, (False if layout else None)
+    accel, *flags = spec.split(":")
+    if accel not in MODES or any(f not in ("nchw", "cl", "nobench") for f in flags):
+        raise SystemExit(f"--variants: {spec!r} is not ACCEL[:nchw|:cl][:nobench] with ACCEL one of {MODES}")
+    kw: dict[str, Any] = {"accel": accel}
+    if "nchw" in flags or "cl" in flags:
+        kw["channels_last"] = "cl" in flags
+    if "nobench" in flags:
+        kw["cudnn_benchmark"] = False
+    return kw
 
 
-def check_variant_order(specs: list[tuple[str, bool | None]]) -> list[tuple[str, bool | None]]:
-    """Engines of one process share their networks and channels_last converts them in place, so
-    the ':nchw' variants must be timed first."""
-    if [cl for _, cl in specs] != sorted((cl for _, cl in specs), key=lambda cl: cl is None):
-        raise SystemExit("--variants: list the ':nchw' variants first (channels_last converts the shared weights in place)")
-    return specs
+class official_cudnn_defaults:
+    """cuDNN autotuning off (torch's default) while a reference-style pipeline runs: the official
+    scripts do not turn it on, and our engines turn it on for the whole process."""
+
+    def __enter__(self) -> None:
+        self._saved = torch.backends.cudnn.benchmark
+        torch.backends.cudnn.benchmark = False
+
+    def __exit__(self, *exc: object) -> None:
+        torch.backends.cudnn.benchmark = self._saved
 
 
 def weights_channels_last(module: torch.nn.Module) -> bool:

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .common import (avatar, check_variant_order, machine, media, median, parse_variant, sync, timed,
+from .common import (avatar, machine, media, median, official_cudnn_defaults, parse_variant, sync, timed,
                      weights_channels_last, write_json)
 
 H200_PEAK_TFLOPS = 776.0  # measured dense bf16/fp16 peak of our H200 (BRIEF section 4)
@@ -233,11 +233,10 @@ def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, 
 
     if not variants:
         variants = ["compile+cudagraph" if compile else ("cudagraph" if device.type == "cuda" else "eager")]
-    specs = check_variant_order([parse_variant(v) for v in variants])
+    specs = [parse_variant(v) for v in variants]
     out["variants_order"] = list(variants)
     t = time.perf_counter()
-    accel, cl = specs[0]
-    engine = DittoEngine(device, weights="random", salt=salt, steps=steps, accel=accel, channels_last=cl, **opts)
+    engine = DittoEngine(device, weights="random", salt=salt, steps=steps, **specs[0], **opts)
     sync(device)
     out["engine_load_s"] = time.perf_counter() - t
     t = time.perf_counter()
@@ -252,12 +251,12 @@ def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, 
 
     out["variants"] = {}
     first = engine
-    for k, (spec, (accel, cl)) in enumerate(zip(variants, specs)):
+    for k, (spec, kw) in enumerate(zip(variants, specs)):
         if k:
-            engine = DittoEngine(device, weights="random", salt=salt, steps=steps, accel=accel, channels_last=cl, **opts)
+            engine = DittoEngine(device, weights="random", salt=salt, steps=steps, **kw, **opts)
         print(f"[ditto] ours ({spec}): warm-up and {repeat} dense runs ...", file=sys.stderr, flush=True)
         fig = engine_figures(engine, packet, seconds, chunk, repeat, workdir, mp4=mp4)
-        fig.update(accel=engine.accel, channels_last=weights_channels_last(engine.models.decoder),
+        fig.update(accel=engine.accel, channels_last=weights_channels_last(engine.models.decoder), cudnn_benchmark=engine.cudnn_benchmark,
                    compile_s=engine._crop_runner.compile_seconds)
         out["variants"][spec] = fig
         print(f"[ditto] ours ({spec}): {fig['dense_fps']:.1f} fps, TTFF {fig['ttff_ms']:.1f} ms", file=sys.stderr, flush=True)
@@ -266,13 +265,14 @@ def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, 
     if stride > 1:
         out["stride"] = stride_figures(packet, device, seconds, chunk, repeat, workdir, stride=stride, mode=stride_mode,
                                        psnr_modes=stride_psnr_modes or [stride_mode], dense_engine=engine,
-                                       engine_kwargs=dict(weights="random", salt=salt, steps=steps, accel=stride_accel or specs[0][0], **opts))
+                                       engine_kwargs=dict(weights="random", salt=salt, steps=steps, accel=stride_accel or specs[0]["accel"], **opts))
     print("[ditto] LMDM window timing ...", file=sys.stderr, flush=True)
     out["lmdm"] = lmdm_figures(engine.models.lmdm, device, steps, engine.config.overlap_v2, repeat=max(3, repeat * 3),
                                batch_windows=(2,) if quick else (16, 64, 256))
     if not skip_reference:
         print(f"[ditto] reference: warm-up and {repeat} runs ...", file=sys.stderr, flush=True)
-        out["reference"] = reference_figures(engine, packet, seconds, repeat, workdir, steps, salt)
+        with official_cudnn_defaults():
+            out["reference"] = reference_figures(engine, packet, seconds, repeat, workdir, steps, salt)
         out["cold_start"] = cold_start_figures(packet, Path(out["reference"]["source_pickle"]), max(5, 5 * repeat), official_repeat)
         for fig in out["variants"].values():
             fig["ratio_dense_fps"] = fig["dense_fps"] / out["reference"]["dense_fps"]

@@ -1,6 +1,7 @@
 """One benchmark command: every engine and its reference-style pipeline, in one process on one device.
 
-    python -m benchmarks.run [--engines classic,musetalk,ditto] [--size 1080x1920] [--json out.json] [--quick]
+    python -m benchmarks.run [--engines classic,musetalk,ditto] [--size 1080x1920] [--variants compile+cudagraph]
+                             [--mp4 ultrafast:8] [--json out.json] [--quick]
 
 Sections (each prints a table row group and lands in the JSON):
 - cold start: official MuseTalk avatar layout vs our packet (benchmarks/cold_start.py);
@@ -94,6 +95,8 @@ def main() -> dict[str, Any]:
     ap.add_argument("--chunk", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--max-frames", type=int, default=750)
+    ap.add_argument("--variants", default=None, help="neural engine configurations, ACCEL[:nchw|:cl][:nobench],... (first = compared)")
+    ap.add_argument("--mp4", default="veryfast", help="segment->MP4 encoding, PRESET[:WORKERS[/SEGMENT_FRAMES]]")
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="tiny sizes (CPU smoke test)")
     ap.add_argument("--workdir", default=None)
@@ -115,10 +118,12 @@ def main() -> dict[str, Any]:
         section: dict[str, Any] = {}
         if name == "classic":
             eng = create_engine("classic", device=dev)
-            section["ours"] = engine_figures(eng, packet, args.seconds, args.chunk, args.repeat, work)
+            section["ours"] = engine_figures(eng, packet, args.seconds, args.chunk, args.repeat, work, mp4=args.mp4)
         else:
             mod = importlib.import_module(f"benchmarks.{name}_bench")
-            section = mod.run_section(packet=packet, device=dev, seconds=args.seconds, chunk=args.chunk, repeat=args.repeat, workdir=work, quick=args.quick)
+            variants = [v for v in (args.variants or "").split(",") if v] or None
+            section = mod.run_section(packet=packet, device=dev, seconds=args.seconds, chunk=args.chunk, repeat=args.repeat,
+                                      workdir=work, quick=args.quick, variants=variants, mp4=args.mp4)
         out["engines"][name] = section
         print(f"[{name}] {section}", flush=True)
 

@@ -156,6 +156,19 @@ def test_bucketed_runner_buckets_and_one_compilation():
         BucketedRunner(fn, "fast")
 
 
+def test_configure_cudnn_only_touches_cuda_engines():
+    from newsstudio.accel import configure_cudnn
+
+    saved = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = False
+        assert configure_cudnn(torch.device("cpu")) is False and torch.backends.cudnn.benchmark is False
+        assert configure_cudnn(torch.device("cuda")) is True and torch.backends.cudnn.benchmark is True
+        assert configure_cudnn(torch.device("cuda"), False) is False and torch.backends.cudnn.benchmark is False
+    finally:
+        torch.backends.cudnn.benchmark = saved
+
+
 def test_configure_compile_cache(tmp_path, monkeypatch):
     for k in ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TRITON_CACHE_DIR"):
         monkeypatch.delenv(k, raising=False)

@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...accel.cudnn import configure_cudnn
 from ...accel.precision import to_channels_last_
 from ...accel.static import BucketedRunner
 from ...avatar.packet import Packet, PacketError
@@ -301,7 +302,8 @@ class DittoEngine(Engine):
     ``"cudagraph"`` (default: CUDA graphs per batch bucket), ``"compile+cudagraph"`` (also
     ``torch.compile``d; ``compile=True`` asks for this), ``"compile"`` or ``"eager"``; CPU is eager.
     ``channels_last``: NHWC / NDHWC layout for the convolutions (default: with a compile mode only;
-    under plain CUDA graphs it measured 14 % slower on an H200).
+    under plain CUDA graphs it measured 14 % slower on an H200). ``cudnn_benchmark``: cuDNN
+    autotuning (accel/cudnn.py; default on with CUDA).
     ``stride``: warp + decode every ``stride``-th frame only and interpolate the frames between
     (``stride_mode``: how; see stride.py); 1 = dense.
     Further keywords: :class:`config.DittoConfig` fields (see the module doc).
@@ -323,6 +325,7 @@ class DittoEngine(Engine):
         compile: bool = False,
         accel: str | None = None,
         channels_last: bool | None = None,
+        cudnn_benchmark: bool | None = None,
         prebake_batch: int | None = None,
         stride: int = 1,
         stride_mode: str = "mask",
@@ -350,6 +353,7 @@ class DittoEngine(Engine):
         if accel is None:
             accel = ("compile+cudagraph" if compile else "cudagraph") if device.type == "cuda" else "eager"
         self.accel = accel
+        self.cudnn_benchmark = configure_cudnn(device, cudnn_benchmark)  # accel/cudnn.py
         self.channels_last = (device.type == "cuda" and "compile" in accel) if channels_last is None else bool(channels_last)
         self.models = get_models(weights, self.models_dir, self.salt or 0, device, dtype, self.config, hubert,
                                  self.channels_last)

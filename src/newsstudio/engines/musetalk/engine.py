@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...accel.cudnn import configure_cudnn
 from ...accel.precision import to_channels_last_
 from ...accel.static import BucketedRunner
 from ...audio.source import as_fraction, frames_for_samples
@@ -220,7 +221,10 @@ class MuseTalkEngine(Engine):
     the models folder, else the landmark jaw mask), ``"bisenet"`` or ``"landmark"``. latent:
     ``"mode"`` (deterministic posterior mean) or ``"sample"`` (seeded with ``seed``).
     ``reprebake``: when a packet's MuseTalk arrays were made with other weights/options, compute
-    them again (True) or raise (False).
+    them again (True) or raise (False). ``accel``: how UNet + decode run on CUDA (``"cudagraph"``
+    by default, ``"compile+cudagraph"``, ``"compile"``, ``"eager"``; CPU is eager);
+    ``channels_last``: NHWC weights (default: with a compile mode only); ``cudnn_benchmark``: cuDNN
+    autotuning (accel/cudnn.py; default on with CUDA).
     """
 
     name = "musetalk"
@@ -248,6 +252,7 @@ class MuseTalkEngine(Engine):
         compile: bool = False,
         accel: str | None = None,
         channels_last: bool | None = None,
+        cudnn_benchmark: bool | None = None,
         prebake_batch: int | None = None,
         unet_config: dict[str, Any] | None = None,
         vae_config: dict[str, Any] | None = None,
@@ -276,6 +281,7 @@ class MuseTalkEngine(Engine):
         self.accel = accel
         # NHWC weights: measured on an H200 (benchmarks/RESULTS.md), they pay with torch.compile and
         # cost ~6 % under plain CUDA graphs, hence the default.
+        self.cudnn_benchmark = configure_cudnn(device, cudnn_benchmark)  # accel/cudnn.py
         self.channels_last = (device.type == "cuda" and "compile" in accel) if channels_last is None else bool(channels_last)
         self.models = get_models(weights, None if self.random_weights else self.models_dir, version,
                                  self.salt or 0, device, dtype, unet_config, vae_config, self.channels_last)
