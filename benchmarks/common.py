@@ -1,6 +1,7 @@
 """Shared pieces of the benchmark scripts: media lookup, avatars from carried landmarks, timing."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -75,6 +76,18 @@ def machine() -> dict[str, Any]:
 def write_json(path: str | os.PathLike[str] | None, data: dict[str, Any]) -> None:
     if path:
         Path(path).write_text(json.dumps(data, indent=1, default=str))
+
+
+def add_engine_config_args(ap: argparse.ArgumentParser) -> None:
+    """--variants and --mp4, the same in every engine benchmark."""
+    ap.add_argument("--variants", default=None,
+                    help="engine configurations to time, ACCEL[:nchw|:cl][:nobench],... (first = compared with the reference)")
+    ap.add_argument("--mp4", default="veryfast", help="segment->MP4 encoding, PRESET[:WORKERS[/SEGMENT_FRAMES]]")
+
+
+def variant_list(spec: str | None) -> list[str] | None:
+    """The comma-separated --variants, or None for the engine's default configuration."""
+    return [v for v in (spec or "").split(",") if v] or None
 
 
 def parse_variant(spec: str) -> dict[str, Any]:

@@ -42,8 +42,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .common import (avatar, machine, media, median, official_cudnn_defaults, parse_variant, sync, timed,
-                     weights_channels_last, write_json)
+from .common import (add_engine_config_args, avatar, machine, media, median, official_cudnn_defaults, parse_variant,
+                     sync, timed, variant_list, weights_channels_last, write_json)
 
 H200_PEAK_TFLOPS = 776.0  # measured dense bf16/fp16 peak of our H200 (BRIEF section 4)
 QUICK_OPTIONS = {"input_size": 128, "hubert_layers": 2}
@@ -359,8 +359,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--max-frames", type=int, default=750, help="avatar frames used")
     ap.add_argument("--compile", action="store_true", help="torch.compile warp + decoder (our path)")
     ap.add_argument("--stride-accel", default=None, help="accel of the stride engines (default: the first variant's)")
-    ap.add_argument("--mp4", default="veryfast", help="segment->MP4 encoding, PRESET[:WORKERS[/SEGMENT_FRAMES]]")
-    ap.add_argument("--variants", default=None, help="engine configurations to time, ACCEL[:nchw],... (first = compared)")
+    add_engine_config_args(ap)
     ap.add_argument("--salt", type=int, default=0)
     ap.add_argument("--peak-tflops", type=float, default=None)
     ap.add_argument("--skip-reference", action="store_true")
@@ -387,7 +386,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     sec = run_section(packet, device, args.seconds, args.chunk, args.repeat, work, args.quick, steps=args.steps,
                       compile=args.compile, salt=args.salt, official_repeat=args.official_repeat,
                       peak_tflops=args.peak_tflops, skip_reference=args.skip_reference, stride=args.stride,
-                      stride_mode=args.stride_mode, variants=[v for v in (args.variants or "").split(",") if v] or None, mp4=args.mp4, stride_accel=args.stride_accel,
+                      stride_mode=args.stride_mode, variants=variant_list(args.variants), mp4=args.mp4, stride_accel=args.stride_accel,
                       stride_psnr_modes=list(dict.fromkeys([args.stride_mode, *filter(None, args.stride_psnr_modes.split(","))])))
     out["ditto"] = sec
     print_table(sec)

@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .common import (avatar, machine, media, median, mp4_options, official_cudnn_defaults, parse_variant, sync, timed,
-                     weights_channels_last, write_json)
+from .common import (add_engine_config_args, avatar, machine, media, median, mp4_options, official_cudnn_defaults,
+                     parse_variant, sync, timed, variant_list, weights_channels_last, write_json)
 
 H200_PEAK_TFLOPS = 776.0  # measured dense bf16/fp16 peak of our H200 (BRIEF section 4)
 
@@ -294,8 +294,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--official-repeat", type=int, default=3, help="loads of the official avatar layout timed")
     ap.add_argument("--max-frames", type=int, default=750, help="avatar frames used")
     ap.add_argument("--compile", action="store_true", help="torch.compile the UNet and VAE decoder (our path)")
-    ap.add_argument("--mp4", default="veryfast", help="segment->MP4 encoding, PRESET[:WORKERS[/SEGMENT_FRAMES]]")
-    ap.add_argument("--variants", default=None, help="engine configurations to time, ACCEL[:nchw],... (first = compared)")
+    add_engine_config_args(ap)
     ap.add_argument("--salt", type=int, default=0)
     ap.add_argument("--peak-tflops", type=float, default=None, help=f"GPU peak for the %% column (default {H200_PEAK_TFLOPS:g} on CUDA)")
     ap.add_argument("--skip-reference", action="store_true")
@@ -319,7 +318,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       audio=Path(args.audio) if args.audio else None, fps=args.fps, compile=args.compile, salt=args.salt,
                       ttff_chunk=args.ttff_chunk, ref_batch=args.ref_batch, official_repeat=args.official_repeat,
                       peak_tflops=args.peak_tflops, skip_reference=args.skip_reference,
-                      variants=[v for v in (args.variants or "").split(",") if v] or None, mp4=args.mp4)
+                      variants=variant_list(args.variants), mp4=args.mp4)
     out["musetalk"] = sec
     print_table(sec)
     write_json(args.json, out)

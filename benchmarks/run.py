@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .common import avatar, machine, media, median, mp4_options, sync, write_json
+from .common import (add_engine_config_args, avatar, machine, media, median, mp4_options, sync, variant_list,
+                     write_json)
 
 
 def segment_audio(seconds: float):
@@ -95,8 +96,7 @@ def main() -> dict[str, Any]:
     ap.add_argument("--chunk", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--max-frames", type=int, default=750)
-    ap.add_argument("--variants", default=None, help="neural engine configurations, ACCEL[:nchw|:cl][:nobench],... (first = compared)")
-    ap.add_argument("--mp4", default="veryfast", help="segment->MP4 encoding, PRESET[:WORKERS[/SEGMENT_FRAMES]]")
+    add_engine_config_args(ap)
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="tiny sizes (CPU smoke test)")
     ap.add_argument("--workdir", default=None)
@@ -121,7 +121,7 @@ def main() -> dict[str, Any]:
             section["ours"] = engine_figures(eng, packet, args.seconds, args.chunk, args.repeat, work, mp4=args.mp4)
         else:
             mod = importlib.import_module(f"benchmarks.{name}_bench")
-            variants = [v for v in (args.variants or "").split(",") if v] or None
+            variants = variant_list(args.variants)
             section = mod.run_section(packet=packet, device=dev, seconds=args.seconds, chunk=args.chunk, repeat=args.repeat,
                                       workdir=work, quick=args.quick, variants=variants, mp4=args.mp4)
         out["engines"][name] = section

@@ -105,6 +105,21 @@ class AvatarLayer:
         return self.packet.n_frames
 
 
+def neural_defaults(device: str | torch.device, dtype: torch.dtype | None, weights: str) -> tuple[torch.device, torch.dtype]:
+    """(device, dtype) of a neural engine: float16 on CUDA, float32 elsewhere unless given;
+    ``weights`` must be ``"official"`` or ``"random"``."""
+    if weights not in ("official", "random"):
+        raise ValueError(f"weights must be 'official' or 'random', got {weights!r}")
+    device = torch.device(device)
+    return device, dtype or (torch.float16 if device.type == "cuda" else torch.float32)
+
+
+def warn_random_weights(engine: str, salt: int | None) -> None:
+    """The stderr line every engine built with seeded random weights prints (its frames carry a banner)."""
+    print(f"WARNING: {engine} is using SEEDED RANDOM WEIGHTS (salt {salt}); its output is marked and is not a real "
+          "model's output (benchmarks/tests only).", file=sys.stderr)
+
+
 class Engine(ABC):
     """A talking-head engine. Subclasses are stateless across sessions: per-stream state lives
     in the conditioner/driver objects they return, so one loaded engine serves many streams."""

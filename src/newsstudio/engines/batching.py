@@ -131,13 +131,14 @@ class Batcher(Generic[T, R]):
             if first is None:
                 return
             batch, stop = self._take_batch(first)
+            self.stats.requests += len(batch)
             self._run(batch)
             if stop:
                 return
 
     def _run(self, batch: list[_Request[T]]) -> None:
+        """One `run_many` call (stats count every call; a failed batch's retries are calls too)."""
         s = self.stats
-        s.requests += len(batch)
         s.batches += 1
         s.frames += sum(r.size for r in batch)
         s.largest_batch = max(s.largest_batch, sum(r.size for r in batch))

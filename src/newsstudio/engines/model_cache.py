@@ -34,7 +34,3 @@ class ModelCache(Generic[T]):
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
             return m
-
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()

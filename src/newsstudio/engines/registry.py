@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..accel.static import MODES
 from .base import Engine
 
 ENGINES = ("classic", "musetalk", "ditto")
@@ -40,7 +41,14 @@ def create_engine(name: str, device: str | torch.device = "cpu", **kwargs: Any) 
     raise ValueError(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)} or 'auto'")
 
 
-ACCEL_CHOICES = ("auto", "eager", "cudagraph", "compile", "compile+cudagraph")
+ACCEL_CHOICES = ("auto", *MODES)
+
+
+def check_accel(accel: str) -> str:
+    """`accel` if it is one of ACCEL_CHOICES, else a ValueError naming them."""
+    if accel not in ACCEL_CHOICES:
+        raise ValueError(f"accel must be one of {', '.join(ACCEL_CHOICES)}, got {accel!r}")
+    return accel
 
 
 def engine_options(name: str, weights: str, models: str | os.PathLike[str] | None, accel: str = "auto",
@@ -51,8 +59,7 @@ def engine_options(name: str, weights: str, models: str | os.PathLike[str] | Non
     long-running process (``long_running``: the server) on CUDA, which also compiles the networks
     (``compile+cudagraph``: ~2x the frame rate, ~1.5 min of compilation once at start-up, cached
     on disk for the next start)."""
-    if accel not in ACCEL_CHOICES:
-        raise ValueError(f"accel must be one of {', '.join(ACCEL_CHOICES)}, got {accel!r}")
+    check_accel(accel)
     if name == "classic":
         return {}
     kw: dict[str, Any] = {"weights": weights, "models": models}

@@ -9,7 +9,7 @@ import torch
 
 from ..engines.base import Engine
 from ..engines.batching import RenderBatcher
-from ..engines.registry import ENGINES, create_engine, default_engine, engine_options
+from ..engines.registry import ENGINES, check_accel, create_engine, default_engine, engine_options
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ class EnginePool:
         self.weights = weights
         self.models = models
         self.accel = accel
-        engine_options("musetalk", weights, models, accel)  # validates accel before any session
+        check_accel(accel)  # before any session
         self.default = default_engine(models) if default == "auto" else default
         if self.default not in ENGINES:
             raise ValueError(f"unknown engine {default!r}; choose one of {', '.join(ENGINES)} or 'auto'")

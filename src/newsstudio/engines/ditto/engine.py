@@ -49,7 +49,6 @@ import json
 import math
 import os
 import random
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -57,12 +56,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...accel.cudnn import configure_cudnn
 from ...accel.precision import to_channels_last_
+from ...accel.settings import resolve_accel
 from ...accel.static import BucketedRunner
 from ...avatar.packet import Packet, PacketError
 from ...compose.splice import sample_crops_to_roi
-from ..base import AvatarLayer, Engine, FrameQueue, TensorFrameQueue, pingpong_index
+from ..base import AvatarLayer, Engine, FrameQueue, TensorFrameQueue, neural_defaults, pingpong_index, warn_random_weights
 from ..model_cache import ModelCache
 from .config import DittoConfig, load_config
 from .lmdm import DDIMSampler, MotionBatcher, MotionWindowStream
@@ -331,12 +330,8 @@ class DittoEngine(Engine):
         stride_mode: str = "mask",
         **options: Any,
     ):
-        device = torch.device(device)
-        if dtype is None:
-            dtype = torch.float16 if device.type == "cuda" else torch.float32
+        device, dtype = neural_defaults(device, dtype, weights)
         super().__init__(device, dtype)
-        if weights not in ("official", "random"):
-            raise ValueError(f"weights must be 'official' or 'random', got {weights!r}")
         from ..registry import models_dir as _models_dir
 
         self.models_dir = _models_dir(models)
@@ -348,13 +343,9 @@ class DittoEngine(Engine):
             raise ValueError("hubert_layers (a test architecture) needs weights='random'")
         self.config = load_config(self.models_dir, **opts)
         if self.random_weights:
-            print(f"WARNING: Ditto is using SEEDED RANDOM WEIGHTS (salt {self.salt}); its output is marked and is not "
-                  "a real model's output (benchmarks/tests only).", file=sys.stderr)
-        if accel is None:
-            accel = ("compile+cudagraph" if compile else "cudagraph") if device.type == "cuda" else "eager"
-        self.accel = accel
-        self.cudnn_benchmark = configure_cudnn(device, cudnn_benchmark)  # accel/cudnn.py
-        self.channels_last = (device.type == "cuda" and "compile" in accel) if channels_last is None else bool(channels_last)
+            warn_random_weights("Ditto", self.salt)
+        acc = resolve_accel(device, accel, compile, channels_last, cudnn_benchmark)
+        self.accel, self.channels_last, self.cudnn_benchmark = acc.mode, acc.channels_last, acc.cudnn_benchmark
         self.models = get_models(weights, self.models_dir, self.salt or 0, device, dtype, self.config, hubert,
                                  self.channels_last)
         self.weights_id = self.models.weights_id()
@@ -363,7 +354,7 @@ class DittoEngine(Engine):
         self._warp = self.models.warp
         self._decoder = self.models.decoder
         # warp + decoder as one static-shape callable per batch bucket (CUDA graphs: ~1,000 launches less per call)
-        self._crop_runner = BucketedRunner(self._crops, accel, min_bucket=4, max_bucket=RENDER_BUCKET_MAX)
+        self._crop_runner = BucketedRunner(self._crops, self.accel, min_bucket=4, max_bucket=RENDER_BUCKET_MAX)
         # stride mode (stride.py): its driver rows carry the keyframes' rows; its renderer caches per stream
         if int(stride) != stride or stride < 1:
             raise ValueError(f"stride must be an integer >= 1, got {stride!r}")

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 import math
-import sys
 import threading
 from collections import OrderedDict
 from fractions import Fraction
@@ -34,12 +33,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...accel.cudnn import configure_cudnn
 from ...accel.precision import to_channels_last_
+from ...accel.settings import resolve_accel
 from ...accel.static import BucketedRunner
 from ...audio.source import as_fraction, frames_for_samples
 from ...avatar.packet import Packet, PacketError
-from ..base import AvatarLayer, Engine, FrameQueue, TensorFrameQueue
+from ..base import AvatarLayer, Engine, FrameQueue, TensorFrameQueue, neural_defaults, warn_random_weights
 from ..model_cache import ModelCache
 from .audio_features import SAMPLE_RATE, PositionalEncoding, StreamingAudioFeatures, audio_prompts
 from .prebake import PrebakeOptions, prebake_mismatch, prebake_musetalk, resize_into_boxes, vae_fingerprint
@@ -257,12 +256,8 @@ class MuseTalkEngine(Engine):
         unet_config: dict[str, Any] | None = None,
         vae_config: dict[str, Any] | None = None,
     ):
-        device = torch.device(device)
-        if dtype is None:
-            dtype = torch.float16 if device.type == "cuda" else torch.float32
+        device, dtype = neural_defaults(device, dtype, weights)
         super().__init__(device, dtype)
-        if weights not in ("official", "random"):
-            raise ValueError(f"weights must be 'official' or 'random', got {weights!r}")
         if mask not in ("auto", "bisenet", "landmark"):
             raise ValueError(f"mask must be 'auto', 'bisenet' or 'landmark', got {mask!r}")
         from ..registry import models_dir as _models_dir
@@ -274,15 +269,9 @@ class MuseTalkEngine(Engine):
         if (unet_config or vae_config) and weights != "random":
             raise ValueError("unet_config/vae_config (test architectures) need weights='random'")
         if self.random_weights:
-            print(f"WARNING: MuseTalk is using SEEDED RANDOM WEIGHTS (salt {self.salt}); its output is marked and is "
-                  "not a real model's output (benchmarks/tests only).", file=sys.stderr)
-        if accel is None:
-            accel = ("compile+cudagraph" if compile else "cudagraph") if device.type == "cuda" else "eager"
-        self.accel = accel
-        # NHWC weights: measured on an H200 (benchmarks/RESULTS.md), they pay with torch.compile and
-        # cost ~6 % under plain CUDA graphs, hence the default.
-        self.cudnn_benchmark = configure_cudnn(device, cudnn_benchmark)  # accel/cudnn.py
-        self.channels_last = (device.type == "cuda" and "compile" in accel) if channels_last is None else bool(channels_last)
+            warn_random_weights("MuseTalk", self.salt)
+        acc = resolve_accel(device, accel, compile, channels_last, cudnn_benchmark)
+        self.accel, self.channels_last, self.cudnn_benchmark = acc.mode, acc.channels_last, acc.cudnn_benchmark
         self.models = get_models(weights, None if self.random_weights else self.models_dir, version,
                                  self.salt or 0, device, dtype, unet_config, vae_config, self.channels_last)
         self.version = version
@@ -302,7 +291,7 @@ class MuseTalkEngine(Engine):
         self._decoder = self.models.vae.decode
         # UNet + decode run as one static-shape callable per batch bucket: CUDA graphs remove the
         # ~2,500 kernel launches per call (tens of ms) that dominate small batches. Eager on CPU.
-        self._face_runner = BucketedRunner(self._faces, accel, min_bucket=4, max_bucket=RENDER_BUCKET_MAX)
+        self._face_runner = BucketedRunner(self._faces, self.accel, min_bucket=4, max_bucket=RENDER_BUCKET_MAX)
         self._parser = None
         self._idle: torch.Tensor | None = None
         self._layers: OrderedDict[str, AvatarLayer] = OrderedDict()  # a few avatars stay resident (server)

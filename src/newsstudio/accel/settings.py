@@ -1,0 +1,31 @@
+"""How a neural engine runs on its device: one place that turns the engine's keyword arguments
+into the accel mode, the weight layout and cuDNN autotuning, with the measured defaults."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .cudnn import configure_cudnn
+from .static import MODES
+
+
+@dataclass(frozen=True)
+class AccelSettings:
+    mode: str  # a StaticBatchRunner / BucketedRunner mode
+    channels_last: bool
+    cudnn_benchmark: bool
+
+
+def resolve_accel(device: torch.device, accel: str | None = None, compile: bool = False,
+                  channels_last: bool | None = None, cudnn_benchmark: bool | None = None) -> AccelSettings:
+    """Defaults: CUDA graphs on CUDA (``compile=True`` asks for compile + CUDA graphs), eager
+    elsewhere; channels_last only with a compile mode (measured on an H200, benchmarks/RESULTS.md:
+    it pays with torch.compile and costs 6-14 % under plain CUDA graphs); cuDNN autotuning on with
+    CUDA (accel/cudnn.py, which sets the process-wide flag)."""
+    if accel is None:
+        accel = ("compile+cudagraph" if compile else "cudagraph") if device.type == "cuda" else "eager"
+    if accel not in MODES:
+        raise ValueError(f"accel must be one of {MODES}, got {accel!r}")
+    cl = (device.type == "cuda" and "compile" in accel) if channels_last is None else bool(channels_last)
+    return AccelSettings(accel, cl, configure_cudnn(device, cudnn_benchmark))
