@@ -156,6 +156,34 @@ def test_bucketed_runner_buckets_and_one_compilation():
         BucketedRunner(fn, "fast")
 
 
+
+def test_runner_shared_by_threads_gives_each_caller_its_own_rows():
+    """Streams of one server call a shared runner from their own threads: its staging buffers (and
+    on CUDA the graph's outputs) are shared, so every call must hold them alone."""
+    import threading
+    import time
+
+    def slow_double(x):
+        time.sleep(0.005)  # releases the GIL between staging and reading, as a GPU wait would
+        return x * 2
+
+    runner = StaticBatchRunner(slow_double, 8, (torch.zeros(1, 3),))
+    errors: list[str] = []
+
+    def caller(k: int) -> None:
+        for i in range(10):
+            x = torch.full((3, 3), float(k * 100 + i))  # short batch: goes through the shared buffer
+            out = runner(x)
+            if not torch.equal(out, x * 2):
+                errors.append(f"thread {k} call {i} got rows of {out[:, 0].tolist()}")
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+
 def test_configure_cudnn_only_touches_cuda_engines():
     from newsstudio.accel import configure_cudnn
 

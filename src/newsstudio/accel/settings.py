@@ -16,6 +16,13 @@ class AccelSettings:
     channels_last: bool
     cudnn_benchmark: bool
 
+    @property
+    def front_end_mode(self) -> str:
+        """Mode of the small launch-bound networks around the renderer (audio encoders, the LMDM
+        sampler): CUDA graphs whenever the engine graphs at all (they are thousands of tiny kernels:
+        the launches are the cost), never compiled (compile time for little gain)."""
+        return "cudagraph" if "cudagraph" in self.mode else "eager"
+
 
 def resolve_accel(device: torch.device, accel: str | None = None, compile: bool = False,
                   channels_last: bool | None = None, cudnn_benchmark: bool | None = None) -> AccelSettings:

@@ -185,6 +185,9 @@ class StaticBatchRunner:
         self._graph: Any = None
         self._static_out: Any = None
         self._prepared = False
+        # One caller at a time: the staging buffers, the graph's outputs and the copy-out are shared
+        # (streams of one server call a shared runner from their own threads).
+        self._call_lock = threading.RLock()
 
         self.mode = mode
         on_cuda = self.device.type == "cuda" and torch.cuda.is_available()
@@ -210,6 +213,10 @@ class StaticBatchRunner:
 
     def prepare(self) -> "StaticBatchRunner":
         """Compile / warm up / capture now (otherwise the first call does it)."""
+        with self._call_lock:
+            return self._prepare_once()
+
+    def _prepare_once(self) -> "StaticBatchRunner":
         if self._prepared:
             return self
         try:
@@ -295,6 +302,10 @@ class StaticBatchRunner:
 
     @torch.no_grad()
     def _run(self, inputs: Sequence[torch.Tensor], n: int) -> Any:
+        with self._call_lock:
+            return self._run_locked(inputs, n)
+
+    def _run_locked(self, inputs: Sequence[torch.Tensor], n: int) -> Any:
         if not self._prepared:
             self.prepare()
         staged = self._stage(inputs)

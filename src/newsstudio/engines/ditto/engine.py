@@ -77,7 +77,7 @@ from .motion_stitch import (
 )
 from .registration import INFO_KEYS, expected_meta, prebake_ditto, prebake_mismatch
 from .stride import StrideRenderer
-from .wav2feat import SAMPLES_PER_FRAME, StreamingWav2Feat, wav2feat_offline
+from .wav2feat import SAMPLES_PER_FRAME, StreamingWav2Feat, split_len, wav2feat_offline
 from .weights import DittoModels, build_random, load_official
 
 SAMPLE_RATE = 16000
@@ -196,7 +196,7 @@ class DittoDriver(FrameQueue):
         self.n_src = layer.n_frames
         gen = torch.Generator(device=self.device).manual_seed(int(cfg.seed))
         self.sampler = DDIMSampler(engine.models.lmdm, steps=int(cfg.steps), eta=1.0, generator=gen,
-                                   batcher=engine.motion_batcher)
+                                   batcher=engine.motion_batcher, accel=engine.front_end_accel)
         self.stream = MotionWindowStream(self.sampler, d["kp_cond"], overlap=cfg.overlap_v2, smooth_k=cfg.smo_k_d,
                                          fix_kp_cond=cfg.fix_kp_cond, fix_kp_cond_dim=cfg.fix_kp_cond_dim)
         self.warmup = cfg.overlap_v2 if cfg.online_mode else 0
@@ -289,6 +289,7 @@ class DittoDriver(FrameQueue):
 # ---------------------------------------------------------------------------------------- engine
 
 RENDER_BUCKET_MAX = 32  # larger batches are split into chunks of this size
+HUBERT_BATCH = 8  # audio windows per HuBERT call (5 frames each)
 
 
 class DittoEngine(Engine):
@@ -346,6 +347,7 @@ class DittoEngine(Engine):
             warn_random_weights("Ditto", self.salt)
         acc = resolve_accel(device, accel, compile, channels_last, cudnn_benchmark)
         self.accel, self.channels_last, self.cudnn_benchmark = acc.mode, acc.channels_last, acc.cudnn_benchmark
+        self.front_end_accel = acc.front_end_mode  # HuBERT and the LMDM sampler (CUDA graphs on CUDA)
         self.models = get_models(weights, self.models_dir, self.salt or 0, device, dtype, self.config, hubert,
                                  self.channels_last)
         self.weights_id = self.models.weights_id()
@@ -355,6 +357,11 @@ class DittoEngine(Engine):
         self._decoder = self.models.decoder
         # warp + decoder as one static-shape callable per batch bucket (CUDA graphs: ~1,000 launches less per call)
         self._crop_runner = BucketedRunner(self._crops, self.accel, min_bucket=4, max_bucket=RENDER_BUCKET_MAX)
+        # HuBERT over fixed 6480-sample windows, 1-8 per call: ~700 small kernels each, graphed on CUDA.
+        # (The release's ONNX encoder is not a torch module and runs as it is.)
+        hub = self.models.hubert
+        self._hubert_runner = (BucketedRunner(hub, self.front_end_accel, min_bucket=1, max_bucket=HUBERT_BATCH)
+                               if isinstance(hub, torch.nn.Module) else None)
         # stride mode (stride.py): its driver rows carry the keyframes' rows; its renderer caches per stream
         if int(stride) != stride or stride < 1:
             raise ValueError(f"stride must be an integer >= 1, got {stride!r}")
@@ -452,7 +459,13 @@ class DittoEngine(Engine):
         if abs(float(fps) - FPS) > 1e-9:
             raise ValueError(f"Ditto generates motion at {FPS} fps only (its LMDM was trained at 25 fps); got fps={fps:g}. "
                              "Render at 25 fps and resample the video afterwards if another rate is needed.")
-        return DittoConditioner(self.models.hubert, self.device, tuple(self.config.chunksize))
+        return DittoConditioner(self.audio_encoder, self.device, tuple(self.config.chunksize), HUBERT_BATCH)
+
+    def audio_encoder(self, windows: torch.Tensor) -> torch.Tensor:
+        """HuBERT features [B, T, D] of 16 kHz windows [B, 6480] (any device): graphed when it can be."""
+        if self._hubert_runner is None:
+            return self.models.hubert(windows)
+        return self._hubert_runner(windows.to(self.device, torch.float32))
 
     def driver(self, layer: AvatarLayer) -> FrameQueue:
         drv = DittoDriver(self, layer)
@@ -462,7 +475,8 @@ class DittoEngine(Engine):
         """HuBERT rows of ``n`` frames of silence (the online warm-up), computed once per length."""
         if n not in self._silence:
             with torch.inference_mode():
-                feats = wav2feat_offline(torch.zeros(n * SAMPLES_PER_FRAME), self.models.hubert, tuple(self.config.chunksize))
+                feats = wav2feat_offline(torch.zeros(n * SAMPLES_PER_FRAME), self.audio_encoder, tuple(self.config.chunksize),
+                                         batch_size=HUBERT_BATCH)
             self._silence[n] = feats.to(self.device, torch.float32)
         return self._silence[n]
 
@@ -547,16 +561,26 @@ class DittoEngine(Engine):
         """Make every stream created from now on sample its LMDM windows through one shared
         `MotionBatcher` (same motion as alone; many streams' windows per DDIM run)."""
         if self.motion_batcher is None:
-            self.motion_batcher = MotionBatcher(self.models.lmdm, steps=int(self.config.steps), max_windows=max_windows)
+            self.motion_batcher = MotionBatcher(self.models.lmdm, steps=int(self.config.steps), max_windows=max_windows,
+                                                accel=self.front_end_accel)
         return self.motion_batcher
 
     def warm_up(self) -> float:
-        """Compile (with a compile mode) and capture warp + decoder for every batch bucket."""
+        """Compile (with a compile mode) and capture warp + decoder, HuBERT and the LMDM sampler for
+        every batch bucket."""
         feat = self.config.input_size // 4
         f_s = torch.zeros((1, 32, 16, feat, feat), device=self.device, dtype=self.dtype)
         kp = torch.zeros((1, NUM_KP, 3), device=self.device)
+        lmdm = self.models.lmdm
+        p = next(lmdm.parameters())
         with torch.inference_mode():
-            return self._crop_runner.warm_up((f_s, kp, kp))
+            seconds = self._crop_runner.warm_up((f_s, kp, kp))
+            if self._hubert_runner is not None:
+                seconds += self._hubert_runner.warm_up((torch.zeros((1, split_len(self.config.chunksize)), device=self.device),))
+            kp_cond = torch.zeros((1, lmdm.motion_feat_dim), device=p.device, dtype=p.dtype)
+            aud = torch.zeros((1, lmdm.seq_frames, lmdm.audio_feat_dim), device=p.device, dtype=p.dtype)
+            seconds += lmdm.ddim_program(int(self.config.steps), 1.0, self.front_end_accel).warm_up(kp_cond, aud)
+            return seconds
 
     def idle_driving(self, n: int) -> torch.Tensor | None:
         """The avatar at rest: rows flagged with blink index -1 (all equal, so idle frames can be

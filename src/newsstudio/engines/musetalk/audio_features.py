@@ -22,7 +22,7 @@ The official computation, in short:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 import numpy as np
@@ -170,6 +170,9 @@ def _module_device_dtype(module: nn.Module) -> tuple[torch.device, torch.dtype]:
     return p.device, p.dtype
 
 
+StatesFn = Callable[[torch.Tensor], torch.Tensor]  # log-mel [B, 80, 3000] -> states [B, 1500, 5, D]
+
+
 @torch.no_grad()
 def encoder_hidden_states(encoder: nn.Module, features: torch.Tensor) -> torch.Tensor:
     """All 5 hidden states of the Whisper encoder, stacked: `[B, 80, 3000]` -> `[B, 1500, 5, 384]`.
@@ -189,12 +192,14 @@ def encoder_hidden_states(encoder: nn.Module, features: torch.Tensor) -> torch.T
 
 @torch.no_grad()
 def whisper_hidden_states(encoder: nn.Module, waveform: np.ndarray | torch.Tensor, *,
-                          mel: str = "torch", pieces_per_batch: int = 4) -> torch.Tensor:
+                          mel: str = "torch", pieces_per_batch: int = 4,
+                          states_fn: StatesFn | None = None) -> torch.Tensor:
     """Stacked hidden states of a whole 16 kHz waveform: `[1, 1500 * n_pieces, 5, 384]`.
 
     `mel="torch"` computes the log-mel with `log_mel` on the encoder's device, `mel="hf"` with
     the HF extractor on the CPU (the reference's exact call). Pieces go through the encoder in
-    batches of `pieces_per_batch` (batching changes nothing but float rounding).
+    batches of `pieces_per_batch` (batching changes nothing but float rounding). `states_fn`
+    replaces `encoder_hidden_states(encoder, .)` (e.g. the same call under a CUDA graph).
     """
     device, _ = _module_device_dtype(encoder)
     wave = waveform if isinstance(waveform, torch.Tensor) else torch.from_numpy(np.asarray(waveform, np.float32))
@@ -214,7 +219,7 @@ def whisper_hidden_states(encoder: nn.Module, waveform: np.ndarray | torch.Tenso
             feats = log_mel(rows)
         else:
             raise ValueError(f"mel must be 'torch' or 'hf', got {mel!r}")
-        out.append(encoder_hidden_states(encoder, feats))
+        out.append(states_fn(feats) if states_fn is not None else encoder_hidden_states(encoder, feats))
     stacked = torch.cat(out, dim=0)  # [P, 1500, 5, D]
     return stacked.reshape(1, -1, *stacked.shape[2:])
 
@@ -394,8 +399,10 @@ class StreamingAudioFeatures:
     """
 
     def __init__(self, encoder: nn.Module, fps: float, *, left: int = 2, right: int = 2,
-                 extra_lookahead_rows: int = 0, min_frames_per_update: int = 1, mel: str = "torch") -> None:
+                 extra_lookahead_rows: int = 0, min_frames_per_update: int = 1, mel: str = "torch",
+                 states_fn: StatesFn | None = None) -> None:
         self.encoder = encoder
+        self.states_fn = states_fn
         self.min_frames_per_update = max(1, int(min_frames_per_update))
         self.windowing = FrameWindowing(fps, left, right)
         self.extra_lookahead_rows = int(extra_lookahead_rows)
@@ -415,7 +422,7 @@ class StreamingAudioFeatures:
     # -- helpers ---------------------------------------------------------------------------
     def _encode_piece(self, audio: np.ndarray) -> torch.Tensor:
         wave = torch.from_numpy(audio)
-        return whisper_hidden_states(self.encoder, wave, mel=self.mel)[0]  # [1500, 5, D]
+        return whisper_hidden_states(self.encoder, wave, mel=self.mel, states_fn=self.states_fn)[0]  # [1500, 5, D]
 
     def _append_final(self, rows: torch.Tensor, offset: int) -> None:
         if self._final is None or self._final.shape[0] == 0:

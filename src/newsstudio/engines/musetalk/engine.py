@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import math
 import threading
+from functools import partial
 from collections import OrderedDict
 from fractions import Fraction
 from pathlib import Path
@@ -40,7 +41,8 @@ from ...audio.source import as_fraction, frames_for_samples
 from ...avatar.packet import Packet, PacketError
 from ..base import AvatarLayer, Engine, FrameQueue, TensorFrameQueue, neural_defaults, warn_random_weights
 from ..model_cache import ModelCache
-from .audio_features import SAMPLE_RATE, PositionalEncoding, StreamingAudioFeatures, audio_prompts
+from .audio_features import (SAMPLE_RATE, PositionalEncoding, StatesFn, StreamingAudioFeatures, audio_prompts,
+                             encoder_hidden_states, log_mel)
 from .prebake import PrebakeOptions, prebake_mismatch, prebake_musetalk, resize_into_boxes, vae_fingerprint
 from .vae import scaling_factor_of
 from .weights import (
@@ -115,7 +117,8 @@ class MuseTalkConditioner(FrameQueue):
     ``floor`` get the window continued with zero rows, as the reference pads.
     """
 
-    def __init__(self, encoder: torch.nn.Module, fps: float | Fraction, sample_rate: int = SAMPLE_RATE):
+    def __init__(self, encoder: torch.nn.Module, fps: float | Fraction, sample_rate: int = SAMPLE_RATE,
+                 states_fn: StatesFn | None = None):
         if sample_rate != SAMPLE_RATE:
             raise ValueError(f"MuseTalk's Whisper features need {SAMPLE_RATE} Hz audio, got {sample_rate}")
         self.fps = as_fraction(fps)
@@ -127,7 +130,7 @@ class MuseTalkConditioner(FrameQueue):
         # Each update re-encodes the partial 30 s piece (~6 ms on an H200): batch live updates to
         # LIVE_UPDATE_ROWS rows (100 ms) so a live stream costs ~10 encoder runs/s, not 50.
         self.extractor = StreamingAudioFeatures(encoder, 50, left=pad_left, right=PROMPT_ROWS // 2 - 1 - pad_left,
-                                                min_frames_per_update=LIVE_UPDATE_ROWS)
+                                                min_frames_per_update=LIVE_UPDATE_ROWS, states_fn=states_fn)
         if self.extractor.windowing.length != PROMPT_ROWS or self.extractor.windowing.pad_left != pad_left:
             raise RuntimeError("unexpected window geometry from StreamingAudioFeatures")
         p = next(encoder.parameters())
@@ -272,6 +275,7 @@ class MuseTalkEngine(Engine):
             warn_random_weights("MuseTalk", self.salt)
         acc = resolve_accel(device, accel, compile, channels_last, cudnn_benchmark)
         self.accel, self.channels_last, self.cudnn_benchmark = acc.mode, acc.channels_last, acc.cudnn_benchmark
+        self.front_end_accel = acc.front_end_mode
         self.models = get_models(weights, None if self.random_weights else self.models_dir, version,
                                  self.salt or 0, device, dtype, unet_config, vae_config, self.channels_last)
         self.version = version
@@ -292,6 +296,9 @@ class MuseTalkEngine(Engine):
         # UNet + decode run as one static-shape callable per batch bucket: CUDA graphs remove the
         # ~2,500 kernel launches per call (tens of ms) that dominate small batches. Eager on CPU.
         self._face_runner = BucketedRunner(self._faces, self.accel, min_bucket=4, max_bucket=RENDER_BUCKET_MAX)
+        # Whisper over whole 30 s pieces (1-4 per call): a fixed shape, ~100 small kernels per run.
+        self._whisper_runner = BucketedRunner(partial(encoder_hidden_states, self.models.whisper_encoder),
+                                              self.front_end_accel, min_bucket=1, max_bucket=4)
         self._parser = None
         self._idle: torch.Tensor | None = None
         self._layers: OrderedDict[str, AvatarLayer] = OrderedDict()  # a few avatars stay resident (server)
@@ -367,7 +374,7 @@ class MuseTalkEngine(Engine):
 
     # -- stages -----------------------------------------------------------------------------
     def conditioner(self, fps: float) -> FrameQueue:
-        return MuseTalkConditioner(self.models.whisper_encoder, fps, self.sample_rate)
+        return MuseTalkConditioner(self.models.whisper_encoder, fps, self.sample_rate, states_fn=self._whisper_runner)
 
     def render(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> torch.Tensor:
         return self.render_many([(layer, driving, frame_idx)])[0]
@@ -396,10 +403,12 @@ class MuseTalkEngine(Engine):
         return torch.round((decoded / 2 + 0.5).clamp(0, 1).float() * 255.0)
 
     def warm_up(self) -> float:
-        """Compile (with a compile mode) and capture UNet + decode for every batch bucket."""
+        """Compile (with a compile mode) and capture UNet + decode and Whisper for every batch bucket."""
         with torch.inference_mode():
             latents = torch.zeros((1, 8, 32, 32), device=self.device, dtype=self.dtype)
-            return self._face_runner.warm_up((latents, self.idle_prompt()[None].to(self.dtype)))
+            seconds = self._face_runner.warm_up((latents, self.idle_prompt()[None].to(self.dtype)))
+            mel = log_mel(torch.zeros(1, SAMPLE_RATE, device=self.device))
+            return seconds + self._whisper_runner.warm_up((mel,))
 
     def idle_prompt(self) -> torch.Tensor:
         """Prompts of silence (1 s of zeros, a frame whose window lies inside it), computed once:
