@@ -144,8 +144,9 @@ def stride_figures(packet, device: torch.device, seconds: float, chunk: int, rep
 
 @torch.no_grad()
 def lmdm_figures(lmdm, device: torch.device, steps: int, overlap: int, repeat: int,
-                 batch_windows: tuple[int, ...] = (16, 64, 256)) -> dict[str, Any]:
-    """One 80-frame window, ``steps`` DDIM steps: batched CFG (ours) vs two decoder passes."""
+                 batch_windows: tuple[int, ...] = (16, 64, 256), accel: str = "eager") -> dict[str, Any]:
+    """One 80-frame window, ``steps`` DDIM steps: batched CFG under the engine's front-end
+    ``accel`` (ours; also eager when that differs) vs two decoder passes (the reference)."""
     from newsstudio.engines.ditto.lmdm import DDIMSampler
 
     from .ditto_reference import TwoPassCFG
@@ -154,8 +155,13 @@ def lmdm_figures(lmdm, device: torch.device, steps: int, overlap: int, repeat: i
     cond = torch.randn(1, lmdm.seq_frames, lmdm.model.cond_projection.in_features, generator=g).to(device)
     kp = torch.randn(1, lmdm.motion_feat_dim, generator=g).to(device)
     res: dict[str, Any] = {"steps": steps, "window_frames": lmdm.seq_frames, "overlap": overlap}
-    for name, model in (("ours", lmdm), ("two_pass", TwoPassCFG(lmdm))):
-        sampler = DDIMSampler(model, steps=steps, eta=1.0, generator=torch.Generator(device=device).manual_seed(0))
+    res["accel"] = accel
+    runs = [("ours", lmdm, accel), ("two_pass", TwoPassCFG(lmdm), "eager")]
+    if accel != "eager":
+        runs.insert(1, ("ours_eager", lmdm, "eager"))
+    for name, model, mode in runs:
+        sampler = DDIMSampler(model, steps=steps, eta=1.0, generator=torch.Generator(device=device).manual_seed(0),
+                              accel=mode)
         ts = timed(lambda: sampler.sample(kp, cond), device, repeat=repeat, warmup=2)
         t = median(ts)
         res[f"{name}_ms"] = t * 1e3
@@ -165,7 +171,7 @@ def lmdm_figures(lmdm, device: torch.device, steps: int, overlap: int, repeat: i
     # many streams' windows in one DDIM run (engines.ditto.lmdm.MotionBatcher): effective fps per batch size
     from newsstudio.engines.ditto.lmdm import MotionBatcher
 
-    mb = MotionBatcher(lmdm, steps=steps, autostart=False)
+    mb = MotionBatcher(lmdm, steps=steps, autostart=False, accel=accel)
     res["batched"] = {}
     for b in batch_windows:
         kb, cb = kp.expand(b, -1).contiguous(), cond.expand(b, -1, -1).contiguous()
@@ -268,7 +274,7 @@ def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, 
                                        engine_kwargs=dict(weights="random", salt=salt, steps=steps, accel=stride_accel or specs[0]["accel"], **opts))
     print("[ditto] LMDM window timing ...", file=sys.stderr, flush=True)
     out["lmdm"] = lmdm_figures(engine.models.lmdm, device, steps, engine.config.overlap_v2, repeat=max(3, repeat * 3),
-                               batch_windows=(2,) if quick else (16, 64, 256))
+                               batch_windows=(2,) if quick else (16, 64, 256), accel=engine.front_end_accel)
     if not skip_reference:
         print(f"[ditto] reference: warm-up and {repeat} runs ...", file=sys.stderr, flush=True)
         with official_cudnn_defaults():
@@ -317,8 +323,10 @@ def print_table(sec: dict[str, Any]) -> None:
         f"{sec['ratios']['dense_fps']:.2f}x" if r else "-")
     row("time to first frame, ms", f"{o['ttff_ms']:.1f}", f"{r['ttff_ms']:.1f}" if r else "-",
         f"{sec['ratios']['ttff']:.1f}x" if r else "-")
-    row(f"LMDM {lm['steps']}-step 80-frame window, motion fps", f"{lm['ours_fps']:.0f} ({lm['ours_ms']:.1f} ms)",
+    row(f"LMDM {lm['steps']}-step 80-frame window ({lm.get('accel', 'eager')}), motion fps", f"{lm['ours_fps']:.0f} ({lm['ours_ms']:.1f} ms)",
         f"{lm['two_pass_fps']:.0f} ({lm['two_pass_ms']:.1f} ms)", f"{lm['speedup']:.2f}x")
+    if "ours_eager_fps" in lm:
+        row(f"LMDM {lm['steps']}-step window, eager, motion fps", f"{lm['ours_eager_fps']:.0f} ({lm['ours_eager_ms']:.1f} ms)")
     for b, v in lm.get("batched", {}).items():
         row(f"LMDM {lm['steps']}-step, {b} streams' windows in one batch, motion fps", f"{v['fps']:.0f} ({v['ms']:.1f} ms)")
     if cs:

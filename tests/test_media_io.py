@@ -172,6 +172,22 @@ def test_mp4_without_audio(media, tmp_path):
         load_audio(media("yongen.mp4"))  # the shared presenter clip carries no sound
 
 
+@pytest.mark.parametrize("codec", ["pcm_s16le", "pcm_s32le", "pcm_u8", "pcm_f32le", "pcm_f64le", "pcm_s24le"])
+def test_wav_read_directly_equals_ffmpeg_decode(tmp_path, speech2s, codec, monkeypatch):
+    """Raw-PCM WAVs are read by joining their packets (no probing, no per-frame decode): the same
+    samples, channels and rate as FFmpeg's decoder + resampler give, for every PCM width (24-bit
+    goes through the decoder)."""
+    import newsstudio.media.audio as audio_mod
+
+    path = encode_audio_file(tmp_path / f"{codec}.wav", speech2s, codec, 22050)
+    fast = load_audio(path)
+    monkeypatch.setattr(audio_mod, "_raw_pcm", lambda *a: None)  # force the generic decode path
+    slow = load_audio(path)
+    assert (fast.channels, fast.sample_rate) == (slow.channels, slow.sample_rate) == (2, 22050)
+    assert fast.samples.dtype == np.float32 and fast.num_samples == slow.num_samples == pytest.approx(44100, abs=2)
+    np.testing.assert_array_equal(fast.samples, slow.samples)
+    assert np.abs(fast.samples).max() > 0.05  # real sound, not silence
+
 def test_zero_length_audio(tmp_path):
     path = tmp_path / "zero.wav"
     with wave.open(str(path), "wb") as w:

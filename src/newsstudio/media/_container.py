@@ -30,7 +30,11 @@ def ffmpeg_reason(exc: BaseException) -> str:
 
 @contextmanager
 def open_input(source: MediaSource) -> Iterator[av.container.InputContainer]:
-    """Open a path, bytes or binary file object for reading; always closes it."""
+    """Open a path, bytes or binary file object for reading; always closes it.
+
+    A RIFF/WAVE file is opened without FFmpeg's stream probing: its header already states codec,
+    rate and channels, and probing (decoding ahead to guess them) cost 5 ms of a 15 s speech
+    file's 7 ms load, which every render and stream pays before its first frame."""
     target: object
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
@@ -49,8 +53,9 @@ def open_input(source: MediaSource) -> Iterator[av.container.InputContainer]:
         target = source
     else:
         raise TypeError(f"expected a path, bytes or a binary file object, got {type(source).__name__}")
+    options = {"probesize": "32", "analyzeduration": "0"} if is_wav(source) else None
     try:
-        container = av.open(target, mode="r", metadata_errors="replace")
+        container = av.open(target, mode="r", metadata_errors="replace", options=options)
     except av.FFmpegError as exc:
         raise MediaDecodeError(
             source, f"cannot be opened as audio/video ({ffmpeg_reason(exc)}): corrupt, truncated, "
@@ -106,6 +111,15 @@ def _head(source: MediaSource, n: int) -> bytes | None:
     if isinstance(source, (bytes, bytearray, memoryview)):
         return bytes(source[:n])
     return None
+
+
+def is_wav(source: MediaSource) -> bool:
+    """Whether a path or in-memory source starts with a RIFF/WAVE header (streams: unknown, False)."""
+    try:
+        head = _head(source, 12)
+    except OSError:
+        return False
+    return bool(head) and len(head) == 12 and head[:4] == b"RIFF" and head[8:12] == b"WAVE"
 
 
 def check_wav_complete(source: MediaSource) -> None:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import av
+import av.container
+import av.stream
 import numpy as np
 import soxr
 
@@ -120,17 +122,38 @@ def audio_from_array(array, sample_rate: int) -> Audio:
         raise ValueError(f"audio array {np.asarray(array).shape} would have {arr.shape[0]} channels (max {MAX_CHANNELS})")
     if arr.shape[1] == 0:
         raise EmptyAudioError("array", "audio array has zero samples")
+    return Audio(np.ascontiguousarray(_pcm_to_float32(arr)), sample_rate)
+
+
+def _pcm_to_float32(arr: np.ndarray) -> np.ndarray:
+    """int16 / 32768, int32 / 2**31, uint8 (x - 128) / 128, float as is: FFmpeg's own scaling, so
+    raw WAV samples read directly equal what its decoder + resampler give."""
     if arr.dtype == np.int16:
-        samples = arr.astype(np.float32) / 32768.0
-    elif arr.dtype == np.int32:
-        samples = (arr.astype(np.float64) / 2147483648.0).astype(np.float32)
-    elif arr.dtype == np.uint8:
-        samples = (arr.astype(np.float32) - 128.0) / 128.0
-    elif np.issubdtype(arr.dtype, np.floating):
-        samples = arr.astype(np.float32)
-    else:
-        raise TypeError(f"audio array dtype must be int16, int32, uint8 or float, got {arr.dtype}")
-    return Audio(np.ascontiguousarray(samples), sample_rate)
+        return arr.astype(np.float32) / 32768.0
+    if arr.dtype == np.int32:
+        return (arr.astype(np.float64) / 2147483648.0).astype(np.float32)
+    if arr.dtype == np.uint8:
+        return (arr.astype(np.float32) - 128.0) / 128.0
+    if np.issubdtype(arr.dtype, np.floating):
+        return arr.astype(np.float32)
+    raise TypeError(f"audio array dtype must be int16, int32, uint8 or float, got {arr.dtype}")
+
+
+#: Little-endian interleaved PCM codecs whose packets are the samples themselves.
+_RAW_PCM = {"pcm_s16le": "<i2", "pcm_s32le": "<i4", "pcm_u8": "u1", "pcm_f32le": "<f4", "pcm_f64le": "<f8"}
+
+
+def _raw_pcm(container: av.container.InputContainer, stream: av.stream.Stream, channels: int) -> np.ndarray | None:
+    """[channels, n] float32 of a raw-PCM stream by joining its packets (no per-frame decode and
+    resample: 1 ms instead of 7 for 15 s of speech); None for any other codec."""
+    dtype = _RAW_PCM.get(stream.codec_context.name)
+    if dtype is None or channels < 1:
+        return None
+    data = b"".join(bytes(p) for p in container.demux(stream) if p.size)
+    width = np.dtype(dtype).itemsize * channels
+    usable = len(data) - len(data) % width  # a cut-off last sample frame is dropped, as the decoder does
+    arr = np.frombuffer(data[:usable], dtype=dtype).reshape(-1, channels).T
+    return _pcm_to_float32(arr)
 
 
 def load_audio(source: MediaSource, *, stream_index: int = 0) -> Audio:
@@ -153,7 +176,16 @@ def load_audio(source: MediaSource, *, stream_index: int = 0) -> Audio:
         rate = int(ctx.sample_rate or 0)
         if rate <= 0:
             raise NoAudioStreamError(source, "audio stream has no sample rate")
-        # Resampler to planar float keeping rate and layout: one code path for every sample format.
+        channels = ctx.channels if hasattr(ctx, "channels") else ctx.layout.nb_channels
+        try:
+            raw = _raw_pcm(container, stream, int(channels or 0))
+        except av.FFmpegError as exc:
+            raise decode_error(source, exc, "audio") from exc
+        if raw is not None:
+            if raw.shape[1] == 0:
+                raise EmptyAudioError(source, "audio stream holds zero samples")
+            return Audio(np.ascontiguousarray(raw), rate)
+        # Resampler to planar float keeping rate and layout: one code path for every other format.
         resampler = av.AudioResampler(format="fltp", layout=ctx.layout, rate=rate)
         chunks: list[np.ndarray] = []
         # Decoders emit whole codec frames; the container's packet durations say how much of
