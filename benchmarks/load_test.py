@@ -40,12 +40,14 @@ def start_server(args) -> tuple[str, object]:
     from PIL import Image
     from skimage import data
 
-    from newsstudio.avatar.prebake import prebake
     from newsstudio.server.app import ServerConfig, create_app
+
+    from .common import avatar
 
     d = Path(tempfile.mkdtemp(prefix="ns-load-"))
     Image.fromarray(data.astronaut()).save(d / "astronaut.png")
-    prebake(d / "astronaut.png", args.avatar, root=d / "avatars", size=(args.size, args.size), progress=False)
+    # landmarks carried as .carry/astronaut.faces.npz where no detector can be installed (GPU machines)
+    avatar(d / "astronaut.png", args.avatar, (args.size, args.size), d / "avatars")
     cfg = ServerConfig(engine=args.engine, device=args.device, avatars=d / "avatars", clips=d / "clips",
                        max_sessions=max(args.sessions) + 2, weights=args.weights, fps=args.fps, accel=args.accel,
                        batch_sessions=not args.no_batch)

@@ -25,6 +25,9 @@ def main() -> None:
     faces = detect_sequence(iter_video_frames(shared / "yongen.mp4"), policy="nearest")
     save_faces(CARRY / "yongen.faces.npz", faces)
     save_faces(CARRY / "portrait.faces.npz", [get_backend("auto").detect(read_image(shared / "portrait.png"))])
+    from skimage import data  # the load test's avatar (benchmarks/load_test.py)
+
+    save_faces(CARRY / "astronaut.faces.npz", [get_backend("auto").detect(data.astronaut())])
     print(f"carried: {len(faces)} yongen frames, portrait; {sum(p.stat().st_size for p in CARRY.rglob('*') if p.is_file()) / 1e6:.1f} MB")
 
 
