@@ -184,6 +184,17 @@ def test_runner_shared_by_threads_gives_each_caller_its_own_rows():
         t.join()
     assert not errors, errors[:3]
 
+
+def test_runner_made_under_inference_mode_serves_calls_outside_it():
+    """Engines warm their runners up under torch.inference_mode; live sessions then call them from
+    plain no-grad code (the server's audio encoders). The staging buffers must accept both."""
+    with torch.inference_mode():
+        runner = StaticBatchRunner(lambda x: x + 1, 4, (torch.zeros(1, 2),))
+        torch.testing.assert_close(runner(torch.ones(2, 2)), torch.full((2, 2), 2.0))
+    with torch.no_grad():
+        torch.testing.assert_close(runner(torch.ones(3, 2)), torch.full((3, 2), 2.0))  # short batch: staged
+    torch.testing.assert_close(runner(torch.zeros(1, 2)), torch.ones(1, 2))
+
 def test_configure_cudnn_only_touches_cuda_engines():
     from newsstudio.accel import configure_cudnn
 

@@ -468,6 +468,22 @@ def test_ws_bad_protocol(server):
     assert m["active_sessions"] == 0
 
 
+
+def test_ws_session_failing_inside_is_closed_with_a_reason_and_the_server_goes_on(server, monkeypatch):
+    """A bug or device error inside one live session (here: speech handling raises) ends that
+    session with close code 1011 and the error named, frees it, and the server keeps serving."""
+    from newsstudio.live import LiveSession
+
+    def broken(self, *a, **k):
+        raise RuntimeError("device exploded")
+
+    start = json.dumps({"type": "start", "avatar": "astro", "engine": "classic"})
+    with monkeypatch.context() as mp:
+        mp.setattr(LiveSession, "push_speech", broken)
+        asyncio.run(_ws_expect_close(server, start, 1011, ("internal error", "device exploded"), b"\x00\x00" * 320))
+    assert httpx.get(f"{server.url}/metrics").json()["active_sessions"] == 0
+    asyncio.run(_ws_round_trip(server, "nv12"))
+
 def test_session_cap_over_ws_and_webrtc(server):
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed

@@ -105,10 +105,15 @@ def _format_of(x: torch.Tensor) -> torch.memory_format:
 
 
 def _alloc_batch(x: torch.Tensor, batch: int, device: torch.device) -> torch.Tensor:
-    """An empty [batch, *x.shape[1:]] buffer with x's dtype and memory format on `device`."""
-    buf = torch.empty((batch, *x.shape[1:]), dtype=x.dtype, device=device)
-    fmt = _format_of(x)
-    return buf if fmt is torch.contiguous_format else buf.contiguous(memory_format=fmt)
+    """An empty [batch, *x.shape[1:]] buffer with x's dtype and memory format on `device`.
+
+    Always a normal tensor, even when made under `torch.inference_mode` (an engine's warm-up): an
+    inference tensor could not be refilled by later calls made outside inference mode (a live
+    session's audio encoder), which torch refuses."""
+    with torch.inference_mode(False):
+        buf = torch.empty((batch, *x.shape[1:]), dtype=x.dtype, device=device)
+        fmt = _format_of(x)
+        return buf if fmt is torch.contiguous_format else buf.contiguous(memory_format=fmt)
 
 
 def _fill_padded_(buf: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

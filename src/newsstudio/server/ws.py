@@ -47,6 +47,7 @@ log = logging.getLogger("newsstudio.server")
 CLOSE_NORMAL = 1000
 CLOSE_UNSUPPORTED = 1003
 CLOSE_POLICY = 1008
+CLOSE_INTERNAL = 1011
 CLOSE_TRY_LATER = 1013
 CLOSE_NOT_FOUND = 4404
 MAX_PCM_MESSAGE = 1 << 20
@@ -166,6 +167,9 @@ class WsSession:
             self._slow()
         except WebSocketDisconnect:
             pass
+        except Exception as e:  # noqa: BLE001 - a failure inside one session ends that session, with a reason
+            log.exception("ws session failed")
+            self.closing = (CLOSE_INTERNAL, f"internal error: {type(e).__name__}: {e}"[:120])
         finally:
             for t in tasks:
                 t.cancel()
