@@ -157,7 +157,17 @@ async def run_level(url: str, n: int, args, pcm, sr) -> dict:
             sustained += 1
     lat = np.array(lates or [0.0])
     gpu = lambda m: sum(g["allocated_bytes"] for g in (m["gpu"] or []))  # noqa: E731
+    # the render batcher over this level: how big its batches were, how long requests queued, how busy it was
+    rb_before, rb_after = before.get("render_batching") or {}, after.get("render_batching") or {}
+    d = {k: sum(rb_after[e][k] - rb_before.get(e, {}).get(k, 0) for e in rb_after)
+         for k in ("requests", "batches", "frames", "wait_s_total", "busy_s_total")} if rb_after else {}
+    batching = {
+        "batch_frames_mean": d["frames"] / d["batches"] if d.get("batches") else 0.0,
+        "render_wait_ms_mean": 1e3 * d["wait_s_total"] / d["requests"] if d.get("requests") else 0.0,
+        "render_busy_share": d["busy_s_total"] / args.duration if d else 0.0,
+    }
     return {
+        **batching,
         "sessions": n, "sustained": sustained, "errors": sum(len(s["errors"]) for s in stats),
         "error_samples": sorted({e for s in stats for e in s["errors"]})[:3],
         "fps_min": min(rates) if rates else 0.0, "fps_median": statistics.median(rates) if rates else 0.0,
@@ -197,7 +207,8 @@ def main() -> None:
     print(f"server {url}: device {health['device']}, default engine {health['default_engine']}; {args.format} chunks of {args.chunk_frames} frames, {args.duration:.0f} s per level", file=sys.stderr)
     cols = [("sessions", "d"), ("sustained", "d"), ("errors", "d"), ("fps_min", ".1f"), ("fps_median", ".1f"), ("late_p50_ms", ".1f"),
             ("late_p95_ms", ".1f"), ("late_max_ms", ".1f"), ("server_fps", ".1f"), ("speaking_share", ".2f"), ("rss_before_mb", ".0f"),
-            ("rss_peak_mb", ".0f"), ("rss_after_mb", ".0f"), ("gpu_before_mb", ".0f"), ("gpu_peak_mb", ".0f"), ("gpu_after_mb", ".0f")]
+            ("rss_peak_mb", ".0f"), ("rss_after_mb", ".0f"), ("gpu_before_mb", ".0f"), ("gpu_peak_mb", ".0f"), ("gpu_after_mb", ".0f"),
+            ("batch_frames_mean", ".1f"), ("render_wait_ms_mean", ".1f"), ("render_busy_share", ".2f")]
     print(" | ".join(name for name, _ in cols), flush=True)
     rows = []
     for n in args.sessions:  # each level's row as soon as it is measured: a run cut short keeps them

@@ -85,6 +85,8 @@ def test_queued_requests_share_one_call_and_get_their_own_frames(two_layers):
     eng, b, got, direct = _queued(two_layers, [3, 2, 4, 3], 32)
     assert eng.calls == [4]  # all four in one batch
     assert b.stats.requests == 4 and b.stats.batches == 1 and b.stats.largest_batch == 12
+    st = b.stats.as_dict()  # queued before the worker started: every request waited, the batch took time
+    assert st["wait_s_total"] > 0 and 0 < st["max_wait_ms"] <= st["wait_s_total"] * 1e3 and st["busy_s_total"] > 0
     for g, d in zip(got, direct):
         assert g.shape == d.shape
         torch.testing.assert_close(g, d, atol=PIXEL_ATOL, rtol=0)

@@ -41,19 +41,30 @@ class _Request(Generic[T]):
     item: T
     size: int
     future: Future = field(default_factory=Future)
+    queued_at: float = field(default_factory=time.monotonic)
 
 
 @dataclass
 class BatcherStats:
+    """Counters since start (cumulative, so a monitor takes differences over its own window).
+    ``wait_s``: time requests spent queued before their batch started (summed; ``max_wait_s`` the
+    longest); ``busy_s``: time the worker spent inside ``run_many`` (on a GPU, dispatch time:
+    kernels may still run after it returns)."""
+
     requests: int = 0
     batches: int = 0
     frames: int = 0
     largest_batch: int = 0
+    wait_s: float = 0.0
+    max_wait_s: float = 0.0
+    busy_s: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return {"requests": self.requests, "batches": self.batches, "frames": self.frames,
                 "largest_batch_frames": self.largest_batch,
-                "requests_per_batch": self.requests / self.batches if self.batches else 0.0}
+                "requests_per_batch": self.requests / self.batches if self.batches else 0.0,
+                "wait_s_total": round(self.wait_s, 6), "max_wait_ms": round(self.max_wait_s * 1e3, 3),
+                "busy_s_total": round(self.busy_s, 6)}
 
 
 class Batcher(Generic[T, R]):
@@ -131,8 +142,15 @@ class Batcher(Generic[T, R]):
             if first is None:
                 return
             batch, stop = self._take_batch(first)
-            self.stats.requests += len(batch)
+            now = time.monotonic()
+            waits = [now - r.queued_at for r in batch]
+            s = self.stats
+            s.requests += len(batch)
+            s.wait_s += sum(waits)
+            s.max_wait_s = max(s.max_wait_s, *waits)
+            t0 = time.perf_counter()
             self._run(batch)
+            s.busy_s += time.perf_counter() - t0
             if stop:
                 return
 

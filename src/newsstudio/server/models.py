@@ -88,6 +88,9 @@ class BatchingInfo(BaseModel):
     frames: int
     largest_batch_frames: int
     requests_per_batch: float
+    wait_s_total: float = Field(description="Seconds requests spent queued before their batch started, summed.")
+    max_wait_ms: float = Field(description="Longest such wait.")
+    busy_s_total: float = Field(description="Seconds the render thread spent in engine calls (GPU: dispatch time).")
 
 
 class Metrics(BaseModel):
