@@ -26,9 +26,9 @@ def _speech(seconds: float = 1.2, sr: int = 16000) -> np.ndarray:
     return (0.3 * env * np.sin(2 * np.pi * 180 * t) * (1 + 0.5 * np.sin(2 * np.pi * 900 * t))).astype(np.float32)
 
 
-def _driving(engine, layer, seconds: float = 1.2) -> torch.Tensor:
+def _driving(engine, layer, seconds: float = 1.2, gain: float = 1.0) -> torch.Tensor:
     cond, drv = engine.conditioner(25), engine.driver(layer)
-    cond.push(_speech(seconds, engine.sample_rate))
+    cond.push(_speech(seconds, engine.sample_rate) * gain)
     cond.close()
     drv.push(cond.take(cond.ready))
     drv.close()
@@ -229,17 +229,47 @@ def test_streams_share_one_ddim_program_per_model_and_plan():
     torch.testing.assert_close(plain, traced)
     assert not torch.allclose(plain, b.sample(kp, cond, x_T=x_T))  # b's step noises differ
 
-def test_ditto_stream_through_the_motion_batcher_equals_alone(two_layers, tmp_path):
-    from newsstudio.engines.ditto.engine import DittoEngine
+@pytest.mark.parametrize("name", ["musetalk", "ditto"])
+def test_streams_sharing_the_engine_batchers_get_what_they_get_alone(name, two_layers, tmp_path):
+    """A server's streams share the engine's audio-encoder batcher (and Ditto's LMDM batcher): three
+    streams with different speech, run at the same time, each get exactly their own conditioning."""
+    if name == "musetalk":
+        from newsstudio.engines.musetalk.engine import TINY_UNET_CONFIG, TINY_VAE_CONFIG, MuseTalkEngine
 
-    eng = DittoEngine("cpu", weights="random", input_size=128, hubert_layers=2, steps=2)
+        eng = MuseTalkEngine("cpu", weights="random", unet_config=TINY_UNET_CONFIG, vae_config=TINY_VAE_CONFIG)
+        seconds, stages = 1.2, {"audio"}
+    else:
+        from newsstudio.engines.ditto.engine import DittoEngine
+
+        eng = DittoEngine("cpu", weights="random", input_size=128, hubert_layers=2, steps=2)
+        seconds, stages = 4.0, {"audio", "motion"}  # 4 s = two or more 80-frame LMDM windows
     dest = tmp_path / "a"
     shutil.copytree(two_layers[0].path, dest)
     layer = eng.load_avatar(eng.prebake(open_packet(dest), progress=False))
-    alone = _driving(eng, layer, 4.0)
-    mb = eng.use_motion_batcher()
-    assert eng.use_motion_batcher() is mb
-    batched = _driving(eng, layer, 4.0)
-    mb.close()
-    assert mb.stats.requests >= 2  # 4 s = two or more 80-frame windows went through the batcher
-    torch.testing.assert_close(batched, alone, atol=1e-5, rtol=1e-5)
+    gains = (1.0, 0.5, 0.25)
+    alone = [_driving(eng, layer, seconds, g) for g in gains]
+    shared = eng.use_stream_batchers()
+    assert set(shared) == stages and eng.use_stream_batchers() == shared  # made once
+    got: list[torch.Tensor | None] = [None] * len(gains)
+    errors: list[BaseException] = []
+
+    def stream(k: int) -> None:
+        try:
+            got[k] = _driving(eng, layer, seconds, gains[k])
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=stream, args=(k,)) for k in range(len(gains))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    for b in shared.values():
+        b.close()
+    assert not errors, errors[0]
+    assert all(b.stats.requests >= len(gains) for b in shared.values())
+    for g, a in zip(got, alone):  # equal up to batch-size-dependent float32 rounding
+        torch.testing.assert_close(g, a, atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(alone[0], alone[1])  # the streams differ: the test can fail
+    g = got[0]
+    g += 0  # normal tensors: a caller outside inference mode may update them in place

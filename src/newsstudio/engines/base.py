@@ -203,6 +203,12 @@ class Engine(ABC):
         stream does not wait for it (a server calls this at start). Returns the seconds spent."""
         return 0.0
 
+    def use_stream_batchers(self) -> dict[str, Any]:
+        """Shared `engines.batching.Batcher`s for the per-stream stages that many live streams can
+        run together (audio encoders, motion sampling), by stage name; streams created afterwards
+        use them. A server calls this once per engine (and reports and closes what it gets)."""
+        return {}
+
 
 def pingpong_index(i: np.ndarray | torch.Tensor | int, n_frames: int):
     """Source frame of output frame i for a loop played forwards then backwards (length 2N).

@@ -189,3 +189,23 @@ class RenderBatcher(Batcher[tuple[AvatarLayer, torch.Tensor, torch.Tensor], torc
 
     def render(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> torch.Tensor:
         return self.submit(layer, driving, frame_idx).result()
+
+
+class TensorBatcher(Batcher[torch.Tensor, torch.Tensor]):
+    """``fn(rows)`` for row batches ``[b, ...]`` submitted from many threads, through one call on
+    their concatenation: for networks whose rows are independent (the streams' audio encoders).
+    ``batcher(x)`` blocks and returns ``fn(x)`` for the caller's own rows, as normal tensors."""
+
+    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], max_rows: int = 16, name: str = "tensor-batcher",
+                 autostart: bool = True):
+        super().__init__(self._run_rows, lambda x: int(x.shape[0]), max_frames=max_rows, autostart=autostart, name=name)
+        self.fn = fn
+
+    def _run_rows(self, items: list[torch.Tensor]) -> list[torch.Tensor]:
+        out = self.fn(torch.cat(items) if len(items) > 1 else items[0])
+        parts = torch.split(out, [int(x.shape[0]) for x in items])
+        with torch.inference_mode(False):  # callers may update them in place outside inference mode
+            return [p.clone() for p in parts]
+
+    def __call__(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.submit(rows).result()

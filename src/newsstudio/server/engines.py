@@ -76,9 +76,8 @@ class EnginePool:
             b = self._batchers.get(name)
             if b is None:
                 b = self._batchers[name] = RenderBatcher(eng)
-                motion = getattr(eng, "use_motion_batcher", None)
-                if motion is not None:  # Ditto: the sessions' LMDM windows batch too
-                    self._batchers[f"{name}/motion"] = motion()
+                for stage, shared in eng.use_stream_batchers().items():  # audio encoders, Ditto's LMDM windows
+                    self._batchers[f"{name}/{stage}"] = shared
         return b.render
 
     def batcher_stats(self) -> dict[str, dict[str, float]]:

@@ -64,6 +64,7 @@ from ...compose.splice import sample_crops_to_roi
 from ..base import AvatarLayer, Engine, FrameQueue, TensorFrameQueue, neural_defaults, pingpong_index, warn_random_weights
 from ..model_cache import ModelCache
 from .config import DittoConfig, load_config
+from ..batching import TensorBatcher
 from .lmdm import DDIMSampler, MotionBatcher, MotionWindowStream
 from .motion_stitch import (
     NUM_KP,
@@ -289,7 +290,8 @@ class DittoDriver(FrameQueue):
 # ---------------------------------------------------------------------------------------- engine
 
 RENDER_BUCKET_MAX = 32  # larger batches are split into chunks of this size
-HUBERT_BATCH = 8  # audio windows per HuBERT call (5 frames each)
+HUBERT_BATCH = 8  # audio windows per HuBERT call of one stream (5 frames each)
+HUBERT_BUCKET_MAX = 32  # windows per call when a server's streams share it
 
 
 class DittoEngine(Engine):
@@ -360,8 +362,9 @@ class DittoEngine(Engine):
         # HuBERT over fixed 6480-sample windows, 1-8 per call: ~700 small kernels each, graphed on CUDA.
         # (The release's ONNX encoder is not a torch module and runs as it is.)
         hub = self.models.hubert
-        self._hubert_runner = (BucketedRunner(hub, self.front_end_accel, min_bucket=1, max_bucket=HUBERT_BATCH)
+        self._hubert_runner = (BucketedRunner(hub, self.front_end_accel, min_bucket=1, max_bucket=HUBERT_BUCKET_MAX)
                                if isinstance(hub, torch.nn.Module) else None)
+        self.audio_batcher: TensorBatcher | None = None  # the server's streams share HuBERT calls
         # stride mode (stride.py): its driver rows carry the keyframes' rows; its renderer caches per stream
         if int(stride) != stride or stride < 1:
             raise ValueError(f"stride must be an integer >= 1, got {stride!r}")
@@ -462,10 +465,12 @@ class DittoEngine(Engine):
         return DittoConditioner(self.audio_encoder, self.device, tuple(self.config.chunksize), HUBERT_BATCH)
 
     def audio_encoder(self, windows: torch.Tensor) -> torch.Tensor:
-        """HuBERT features [B, T, D] of 16 kHz windows [B, 6480] (any device): graphed when it can be."""
+        """HuBERT features [B, T, D] of 16 kHz windows [B, 6480] (any device): graphed when it can
+        be, through the streams' shared batcher on a server."""
         if self._hubert_runner is None:
             return self.models.hubert(windows)
-        return self._hubert_runner(windows.to(self.device, torch.float32))
+        windows = windows.to(self.device, torch.float32)
+        return self.audio_batcher(windows) if self.audio_batcher is not None else self._hubert_runner(windows)
 
     def driver(self, layer: AvatarLayer) -> FrameQueue:
         drv = DittoDriver(self, layer)
@@ -556,6 +561,16 @@ class DittoEngine(Engine):
     def _crops(self, f_s: torch.Tensor, x_s: torch.Tensor, x_d: torch.Tensor) -> torch.Tensor:
         """The dense render's crops: (B, 3, 512, 512) float in [0, 255]."""
         return self.warp_decode(f_s, x_s, x_d)[0].float().clamp_(0, 1).mul_(255.0)
+
+    def use_stream_batchers(self) -> dict[str, Any]:
+        """On a server: the streams' LMDM windows sample in one DDIM run (`use_motion_batcher`) and
+        their HuBERT windows encode in one call (each stream's features as alone)."""
+        out: dict[str, Any] = {"motion": self.use_motion_batcher()}
+        if self._hubert_runner is not None:
+            if self.audio_batcher is None:
+                self.audio_batcher = TensorBatcher(self._hubert_runner, max_rows=HUBERT_BUCKET_MAX, name="ditto-hubert")
+            out["audio"] = self.audio_batcher
+        return out
 
     def use_motion_batcher(self, max_windows: int = 256) -> MotionBatcher:
         """Make every stream created from now on sample its LMDM windows through one shared

@@ -25,9 +25,9 @@ from __future__ import annotations
 import copy
 import math
 import threading
-from functools import partial
 from collections import OrderedDict
 from fractions import Fraction
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from ...accel.static import BucketedRunner
 from ...audio.source import as_fraction, frames_for_samples
 from ...avatar.packet import Packet, PacketError
 from ..base import AvatarLayer, Engine, FrameQueue, TensorFrameQueue, neural_defaults, warn_random_weights
+from ..batching import TensorBatcher
 from ..model_cache import ModelCache
 from .audio_features import (SAMPLE_RATE, PositionalEncoding, StatesFn, StreamingAudioFeatures, audio_prompts,
                              encoder_hidden_states, log_mel)
@@ -213,6 +214,7 @@ class MuseTalkConditioner(FrameQueue):
 # ------------------------------------------------------------------------------------- engine
 
 RENDER_BUCKET_MAX = 32  # larger batches are split into chunks of this size
+WHISPER_BUCKET_MAX = 16  # 30 s pieces per Whisper call (several live streams' updates at once)
 
 
 class MuseTalkEngine(Engine):
@@ -298,7 +300,9 @@ class MuseTalkEngine(Engine):
         self._face_runner = BucketedRunner(self._faces, self.accel, min_bucket=4, max_bucket=RENDER_BUCKET_MAX)
         # Whisper over whole 30 s pieces (1-4 per call): a fixed shape, ~100 small kernels per run.
         self._whisper_runner = BucketedRunner(partial(encoder_hidden_states, self.models.whisper_encoder),
-                                              self.front_end_accel, min_bucket=1, max_bucket=4)
+                                              self.front_end_accel, min_bucket=1, max_bucket=WHISPER_BUCKET_MAX)
+        self._states_fn: StatesFn = self._whisper_runner  # or, on a server, the streams' shared batcher
+        self.audio_batcher: TensorBatcher | None = None
         self._parser = None
         self._idle: torch.Tensor | None = None
         self._layers: OrderedDict[str, AvatarLayer] = OrderedDict()  # a few avatars stay resident (server)
@@ -374,7 +378,15 @@ class MuseTalkEngine(Engine):
 
     # -- stages -----------------------------------------------------------------------------
     def conditioner(self, fps: float) -> FrameQueue:
-        return MuseTalkConditioner(self.models.whisper_encoder, fps, self.sample_rate, states_fn=self._whisper_runner)
+        return MuseTalkConditioner(self.models.whisper_encoder, fps, self.sample_rate, states_fn=self._states_fn)
+
+    def use_stream_batchers(self) -> dict[str, TensorBatcher]:
+        """Live streams re-encode their current 30 s Whisper piece every 100 ms; on a server their
+        encoder runs share one batched call (same features as alone: the pieces are independent)."""
+        if self.audio_batcher is None:
+            self.audio_batcher = TensorBatcher(self._whisper_runner, max_rows=WHISPER_BUCKET_MAX, name="musetalk-whisper")
+            self._states_fn = self.audio_batcher
+        return {"audio": self.audio_batcher}
 
     def render(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> torch.Tensor:
         return self.render_many([(layer, driving, frame_idx)])[0]
