@@ -123,12 +123,44 @@ async def client(url: str, args, pcm: np.ndarray, sr: int, stats: dict, stop: as
         st["errors"].append(f"{type(e).__name__}: {e}")
 
 
+def _new_stats() -> dict:
+    return {"frames": 0, "speaking": 0, "late": [], "errors": []}
+
+
+def client_group(url: str, n: int, args_dict: dict, pcm: np.ndarray, sr: int, duration: float) -> list[dict]:
+    """`n` clients for `duration` seconds in this process (run in a child process by --client-processes,
+    so receiving and parsing the clients' frames does not take CPU from a server started here)."""
+    args = argparse.Namespace(**args_dict)
+
+    async def main() -> list[dict]:
+        stop = asyncio.Event()
+        stats = [_new_stats() for _ in range(n)]
+        tasks = [asyncio.ensure_future(client(url, args, pcm, sr, s, stop)) for s in stats]
+        await asyncio.sleep(duration)
+        stop.set()
+        await asyncio.gather(*tasks)
+        return stats
+
+    return asyncio.run(main())
+
+
 async def run_level(url: str, n: int, args, pcm, sr) -> dict:
     stop = asyncio.Event()
-    stats = [{"frames": 0, "speaking": 0, "late": [], "errors": []} for _ in range(n)]
+    stats = [_new_stats() for _ in range(n)]
+    groups = min(max(1, args.client_processes), n)
+    pool = None
     async with httpx.AsyncClient(base_url=url, timeout=30) as c:
         before = (await c.get("/metrics")).json()
-        tasks = [asyncio.ensure_future(client(url, args, pcm, sr, s, stop)) for s in stats]
+        if groups > 1:  # clients in child processes (spawned: no copy of this process's threads or GPU state)
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            pool = ProcessPoolExecutor(groups, mp_context=multiprocessing.get_context("spawn"))
+            loop = asyncio.get_running_loop()
+            sizes = [n // groups + (1 if k < n % groups else 0) for k in range(groups)]
+            tasks = [loop.run_in_executor(pool, client_group, url, m, vars(args), pcm, sr, args.duration) for m in sizes]
+        else:
+            tasks = [asyncio.ensure_future(client(url, args, pcm, sr, s, stop)) for s in stats]
         peak_rss, peak_gpu, fps_seen = before["rss_bytes"] or 0, 0, []
         t_end = time.monotonic() + args.duration
         while time.monotonic() < t_end:
@@ -138,7 +170,10 @@ async def run_level(url: str, n: int, args, pcm, sr) -> dict:
             peak_gpu = max([peak_gpu] + [g["allocated_bytes"] for g in (m["gpu"] or [])])
             fps_seen.append(m["fps"])
         stop.set()
-        await asyncio.gather(*tasks)
+        results = await asyncio.gather(*tasks)
+        if pool is not None:
+            pool.shutdown()
+            stats = [s for group in results for s in group]
         for _ in range(100):
             after = (await c.get("/metrics")).json()
             if after["active_sessions"] == 0:
@@ -196,6 +231,8 @@ def main() -> None:
     ap.add_argument("--format", default="nv12", choices=("nv12", "h264"))
     ap.add_argument("--chunk-frames", type=int, default=2)
     ap.add_argument("--speech", default=None, help="speech file streamed by every client (default: builtin:hello)")
+    ap.add_argument("--client-processes", type=int, default=1,
+                    help="run the clients in this many child processes (the server here keeps its CPU)")
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args()
     args.sessions = [int(x) for x in args.sessions.split(",") if x]
