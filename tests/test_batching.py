@@ -219,6 +219,10 @@ def test_streams_share_one_ddim_program_per_model_and_plan():
     b = DDIMSampler(lmdm, steps=4, generator=torch.Generator().manual_seed(2))
     assert a.program is b.program and a.program is lmdm.ddim_program(4, 1.0, "eager")
     assert DDIMSampler(lmdm, steps=3).program is not a.program
+    import copy
+
+    twin = copy.deepcopy(lmdm)  # the lever benchmark copies models: the copy gets programs of its own
+    assert twin.ddim_program(4, 1.0, "eager") is not a.program and twin.ddim_program(4, 1.0, "eager").lmdm is twin
     g = torch.Generator().manual_seed(3)
     cond, kp, x_T = torch.randn(2, 20, 64, generator=g), torch.randn(2, 265, generator=g) * 0.1, torch.randn(2, 20, 265, generator=g)
     with torch.no_grad():

@@ -186,6 +186,17 @@ class LMDM(nn.Module):
         self._programs: dict[tuple[int, float, str], DDIMProgram] = {}
         self._programs_lock = threading.Lock()
 
+    def __getstate__(self) -> dict:
+        # copies (deepcopy, pickling) get their own programs: graphs and locks are not copyable
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
+        state = dict(state)
+        state["_programs"], state["_programs_lock"] = {}, None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self._programs_lock = threading.Lock()
+
     def ddim_program(self, steps: int, eta: float = 1.0, mode: str = "eager") -> DDIMProgram:
         """The shared DDIM program of this model for (steps, eta, mode), made on first use (its
         CUDA graphs are captured once per batch bucket, not once per stream)."""
