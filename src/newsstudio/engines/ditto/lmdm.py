@@ -102,8 +102,8 @@ def ddim_plan(alphas_cumprod: Tensor, steps: int, eta: float = 1.0) -> DDIMPlan:
 class DDIMProgram:
     """The whole DDIM loop of one plan as one callable over batch buckets of windows, shared by
     every stream of a model (``LMDM.ddim_program``): under CUDA graphs a 4-step window is one
-    replay instead of ~1,600 kernel launches (the eager loop is launch-bound: 40 ms per window
-    measured on an H200, for well under a millisecond of GPU work).
+    replay instead of ~1,600 kernel launches (measured on an H200: eager 58 ms, graphed 12 ms
+    per window; 256 windows in one replay 1.1 ms each).
 
     ``__call__(kp_cond [B, F], aud_cond [B, L, C], x_T [B, L, F], step_noise [S−1, B, L, F])``.
     """
@@ -144,6 +144,7 @@ class DDIMProgram:
         x = torch.zeros((1, self.lmdm.seq_frames, self.lmdm.motion_feat_dim), device=aud_cond.device, dtype=aud_cond.dtype)
         noise = x[:, None].expand(-1, max(1, len(self.plan.sigma)), -1, -1)
         return self.runner.warm_up((kp_cond[:1], aud_cond[:1], x, noise))
+
 
 class LMDM(nn.Module):
     """Guided LMDM denoiser: ``forward(x, cond_frame, cond, t) -> (pred_noise, x_start)``.
