@@ -183,3 +183,35 @@ def mp4_options(spec: str) -> dict[str, Any]:
     preset, _, rest = spec.partition(":")
     workers, _, seg = (rest or "1").partition("/")
     return {"preset": preset or "veryfast", "workers": int(workers), "segment_frames": int(seg or 32)}
+
+
+def segment_mp4_figures(engine, packet, audio, fps: int, chunk: int, out_path: Path, specs: str, repeat: int) -> dict[str, Any]:
+    """The segment streamed straight into an MP4 with audio on disk, timed per x264 config in `specs`
+    (comma-separated `mp4_options` specs; median of `repeat` runs each). The first config is the
+    headline `segment_mp4_s`."""
+    from newsstudio.media.mp4_writer import Mp4Writer
+    from newsstudio.stream import stream_generator
+
+    w, h = packet.size
+
+    def to_mp4(spec: str) -> float:
+        t0 = time.perf_counter()
+        with Mp4Writer(out_path, w, h, fps, audio=audio, pixel_input="nv12", **mp4_options(spec)) as wr:
+            for ch in stream_generator(engine, packet, audio, fps=fps, chunk_frames=chunk, output="nv12"):
+                wr.write(ch["frames"])
+        return time.perf_counter() - t0
+
+    by = {spec: median([to_mp4(spec) for _ in range(max(1, repeat))]) for spec in specs.split(",")}
+    first = next(iter(by))
+    return {"segment_mp4_s": by[first], "segment_mp4_config": first, "segment_mp4_s_by_config": by}
+
+
+def stream_rows(row: Callable[..., None], o: dict[str, Any]) -> None:
+    """The table rows every engine benchmark prints for its streaming figures: live time to first
+    frame (when measured) and the segment -> MP4 time per x264 config."""
+    lv = o.get("live_ttff")
+    if lv:
+        row(f"live time to first frame, ms (speech arriving in {lv['piece_ms']:.0f} ms pieces)",
+            f"{lv['ms']:.0f} = {lv['audio_ms']:.0f} of speech needed + {lv['compute_ms']:.1f} after it")
+    for spec, sec_s in o.get("segment_mp4_s_by_config", {o.get("segment_mp4_config", "-"): o["segment_mp4_s"]}).items():
+        row(f"segment -> MP4 with audio, s (x264 {spec})", f"{sec_s:.2f}")

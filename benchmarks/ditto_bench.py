@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from .common import (add_engine_config_args, avatar, machine, media, median, official_cudnn_defaults, parse_variant,
-                     sync, timed, variant_list, weights_channels_last, write_json)
+                     stream_rows, sync, timed, variant_list, weights_channels_last, write_json)
 
 H200_PEAK_TFLOPS = 776.0  # measured dense bf16/fp16 peak of our H200 (BRIEF section 4)
 QUICK_OPTIONS = {"input_size": 128, "hubert_layers": 2}
@@ -323,10 +323,6 @@ def print_table(sec: dict[str, Any]) -> None:
         f"{sec['ratios']['dense_fps']:.2f}x" if r else "-")
     row("time to first frame, ms", f"{o['ttff_ms']:.1f}", f"{r['ttff_ms']:.1f}" if r else "-",
         f"{sec['ratios']['ttff']:.1f}x" if r else "-")
-    lv = o.get("live_ttff")
-    if lv:
-        row(f"live time to first frame, ms (speech arriving in {lv['piece_ms']:.0f} ms pieces)",
-            f"{lv['ms']:.0f} = {lv['audio_ms']:.0f} of speech needed + {lv['compute_ms']:.1f} after it")
     row(f"LMDM {lm['steps']}-step 80-frame window ({lm.get('accel', 'eager')}), motion fps", f"{lm['ours_fps']:.0f} ({lm['ours_ms']:.1f} ms)",
         f"{lm['two_pass_fps']:.0f} ({lm['two_pass_ms']:.1f} ms)", f"{lm['speedup']:.2f}x")
     if "ours_eager_fps" in lm:
@@ -335,8 +331,7 @@ def print_table(sec: dict[str, Any]) -> None:
         row(f"LMDM {lm['steps']}-step, {b} streams' windows in one batch, motion fps", f"{v['fps']:.0f} ({v['ms']:.1f} ms)")
     if cs:
         row("avatar cold start, ms", f"{cs['ours_ms']:.3f}", f"{cs['official_ms']:.1f}", f"{cs['ratio']:.0f}x")
-    for spec, sec_s in o.get("segment_mp4_s_by_config", {o.get("segment_mp4_config", "-"): o["segment_mp4_s"]}).items():
-        row(f"segment -> MP4 with audio, s (x264 {spec})", f"{sec_s:.2f}")
+    stream_rows(row, o)
     st = sec.get("stride")
     if st:
         so, k = st["ours"], st["stride"]

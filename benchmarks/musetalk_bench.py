@@ -32,8 +32,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .common import (add_engine_config_args, avatar, live_ttff, machine, media, median, mp4_options, official_cudnn_defaults,
-                     parse_variant, sync, timed, variant_list, weights_channels_last, write_json)
+from .common import (add_engine_config_args, avatar, live_ttff, machine, media, median, official_cudnn_defaults,
+                     parse_variant, segment_mp4_figures, stream_rows, sync, timed, variant_list, weights_channels_last,
+                     write_json)
 
 H200_PEAK_TFLOPS = 776.0  # measured dense bf16/fp16 peak of our H200 (BRIEF section 4)
 
@@ -68,7 +69,6 @@ def flops_per_frame(models, device: torch.device) -> dict[str, float]:
 def ours_figures(engine, packet, audio_path: Path, fps: int, chunk: int, ttff_chunk: int, repeat: int,
                  out_dir: Path, ttff_repeat: int = 5, mp4: str = "veryfast") -> dict[str, Any]:
     from newsstudio.media.audio import load_audio
-    from newsstudio.media.mp4_writer import Mp4Writer
     from newsstudio.stream import stream_generator
 
     dev = engine.device
@@ -102,17 +102,6 @@ def ours_figures(engine, packet, audio_path: Path, fps: int, chunk: int, ttff_ch
     dev_runs = [dense(True) for _ in range(repeat)]
     ttffs = [ttff() for _ in range(max(1, ttff_repeat))]
     audio = load_audio(audio_path)
-    w, h = packet.size
-
-    def to_mp4(spec: str) -> float:
-        t0 = time.perf_counter()
-        with Mp4Writer(out_dir / "musetalk_segment.mp4", w, h, fps, audio=audio, pixel_input="nv12", **mp4_options(spec)) as wr:
-            for ch in stream_generator(engine, packet, audio, fps=fps, chunk_frames=chunk, output="nv12"):
-                wr.write(ch["frames"])
-        return time.perf_counter() - t0
-
-    mp4_by = {spec: median([to_mp4(spec) for _ in range(max(1, repeat // 2))]) for spec in mp4.split(",")}
-    mp4_s = [next(iter(mp4_by.values()))]
 
     def render_stage() -> float:
         """Frames/s of engine.render alone (UNet + VAE decode + resize into the boxes), batch `chunk`."""
@@ -132,9 +121,7 @@ def ours_figures(engine, packet, audio_path: Path, fps: int, chunk: int, ttff_ch
         "dense_fps_on_device": median([r[0] / r[1] for r in dev_runs]),
         "ttff_ms": median(ttffs) * 1e3,
         "ttff_ms_all": [x * 1e3 for x in ttffs],
-        "segment_mp4_s": median(mp4_s),
-        "segment_mp4_config": mp4.split(",")[0],
-        "segment_mp4_s_by_config": mp4_by,
+        **segment_mp4_figures(engine, packet, audio, fps, chunk, out_dir / "musetalk_segment.mp4", mp4, repeat // 2),
         "render_stage_fps": render_fps,
         "live_ttff": live_ttff(engine, packet, audio, fps, ttff_chunk),
         "warmup_s": warm_s,
@@ -268,14 +255,9 @@ def print_table(sec: dict[str, Any]) -> None:
     row("dense fps, NV12 kept on device", f"{o['dense_fps_on_device']:.1f}")
     row("time to first frame, ms", f"{o['ttff_ms']:.1f} (chunk {o['ttff_chunk']})", f"{r['ttff_ms']:.1f}" if r else "-",
         f"{sec['ratios']['ttff']:.1f}x" if r else "-")
-    lv = o.get("live_ttff")
-    if lv:
-        row(f"live time to first frame, ms (speech arriving in {lv['piece_ms']:.0f} ms pieces)",
-            f"{lv['ms']:.0f} = {lv['audio_ms']:.0f} of speech needed + {lv['compute_ms']:.1f} after it")
     if cs:
         row("avatar cold start, ms", f"{cs['ours_ms']:.3f}", f"{cs['official_ms']:.1f}", f"{cs['ratio']:.0f}x")
-    for spec, sec_s in o.get("segment_mp4_s_by_config", {o.get("segment_mp4_config", "-"): o["segment_mp4_s"]}).items():
-        row(f"segment -> MP4 with audio, s (x264 {spec})", f"{sec_s:.2f}")
+    stream_rows(row, o)
     for spec, v in sec.get("variants", {}).items():
         row(f"variant {spec}: dense fps / render stage fps / TTFF ms", f"{v['dense_fps']:.1f} / {v['render_stage_fps']:.1f} / "
             f"{v['ttff_ms']:.1f}", "-", f"{v['ratio_dense_fps']:.2f}x" if "ratio_dense_fps" in v else "-")

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .common import (add_engine_config_args, avatar, live_ttff, machine, media, median, mp4_options, sync, variant_list,
-                     write_json)
+from .common import (add_engine_config_args, avatar, live_ttff, machine, media, median, segment_mp4_figures, sync,
+                     variant_list, write_json)
 
 
 def segment_audio(seconds: float):
@@ -38,7 +38,6 @@ def segment_audio(seconds: float):
 
 def engine_figures(engine, packet, seconds: float, chunk: int, repeat: int, out_dir: Path, mp4: str = "veryfast") -> dict[str, Any]:
     """Dense fps, time to first frame and segment->MP4 time for an engine on a packet."""
-    from newsstudio.media.mp4_writer import Mp4Writer
     from newsstudio.stream import stream_generator
 
     dev = engine.device
@@ -73,19 +72,9 @@ def engine_figures(engine, packet, seconds: float, chunk: int, repeat: int, out_
 
     ttff()
     tt = [ttff() for _ in range(repeat)]
-
-    def to_mp4(spec: str) -> float:
-        t0 = time.perf_counter()
-        w, h = packet.size
-        with Mp4Writer(out_dir / f"{engine.name}_segment.mp4", w, h, 25, audio=audio, pixel_input="nv12", **mp4_options(spec)) as wr:
-            for ch in stream_generator(engine, packet, audio, fps=25, chunk_frames=chunk, output="nv12"):
-                wr.write(ch["frames"])
-        return time.perf_counter() - t0
-
-    mp4_by = {spec: median([to_mp4(spec) for _ in range(max(1, repeat // 2))]) for spec in mp4.split(",")}
-    return {"frames": n, "dense_fps": median(fps), "dense_fps_all": fps, "ttff_ms": median(tt) * 1e3,
-            "segment_mp4_s": next(iter(mp4_by.values())), "segment_mp4_s_by_config": mp4_by,
-            "segment_mp4_config": mp4.split(",")[0], "segment_s": seconds, "live_ttff": live_ttff(engine, packet, audio, 25, min(chunk, 4))}
+    return {"frames": n, "dense_fps": median(fps), "dense_fps_all": fps, "ttff_ms": median(tt) * 1e3, "segment_s": seconds,
+            **segment_mp4_figures(engine, packet, audio, 25, chunk, out_dir / f"{engine.name}_segment.mp4", mp4, repeat // 2),
+            "live_ttff": live_ttff(engine, packet, audio, 25, min(chunk, 4))}
 
 
 def main() -> dict[str, Any]:
