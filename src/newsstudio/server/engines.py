@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ..engines.base import Engine
-from ..engines.batching import RenderBatcher
+from ..engines.batching import Batcher, RenderBatcher
 from ..engines.registry import ENGINES, check_accel, create_engine, default_engine, engine_options
 
 log = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ class EnginePool:
                  batch_sessions: bool = True):
         self.device = device
         self.batch_sessions = batch_sessions
-        self._batchers: dict[str, RenderBatcher] = {}
+        self._batchers: dict[str, Batcher] = {}  # per engine its RenderBatcher, plus "<engine>/<stage>" ones
         self.weights = weights
         self.models = models
         self.accel = accel
@@ -78,7 +78,7 @@ class EnginePool:
                 b = self._batchers[name] = RenderBatcher(eng)
                 for stage, shared in eng.use_stream_batchers().items():  # audio encoders, Ditto's LMDM windows
                     self._batchers[f"{name}/{stage}"] = shared
-        return b.render
+        return b.render  # type: ignore[attr-defined]  # the engine's own key holds its RenderBatcher
 
     def batcher_stats(self) -> dict[str, dict[str, float]]:
         return {name: b.stats.as_dict() for name, b in self._batchers.items()}

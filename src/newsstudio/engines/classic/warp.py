@@ -95,7 +95,8 @@ def backward_field(src: torch.Tensor, dst: torch.Tensor, hw: tuple[int, int]) ->
     # differently for each batch slot (memory alignment picks the kernel), so the same frame rendered
     # in another chunk position moved pixels by up to 0.15 levels; in float64 those differences vanish
     # when the field is rounded back to float32, and a still avatar stays exactly still.
-    dev, dt = dst.device, torch.float64 if dst.device.type != "mps" else torch.float32
+    dev = dst.device
+    dt = torch.float64 if dev.type != "mps" else torch.float32  # the spline's dtype
     scale = float(max(h, w))
     c = dst.to(dt) / scale
     v = (src - dst).to(dt) / scale
@@ -116,8 +117,8 @@ def backward_field(src: torch.Tensor, dst: torch.Tensor, hw: tuple[int, int]) ->
     disp = _tps_kernel(rq) @ coef[:, :k] + coef[:, k : k + 1] + q @ coef[:, k + 1 :]
     disp = (disp.reshape(b, hc, wc, 2).permute(0, 3, 1, 2) * scale).to(torch.float32).contiguous()
     full = F.interpolate(disp, size=((hc - 1) * step + 1, (wc - 1) * step + 1), mode="bilinear", align_corners=True)[:, :, :h, :w]
-    dt = torch.float32
-    ys, xs = torch.meshgrid(torch.arange(h, device=dev, dtype=dt), torch.arange(w, device=dev, dtype=dt), indexing="ij")
+    ys, xs = torch.meshgrid(torch.arange(h, device=dev, dtype=torch.float32), torch.arange(w, device=dev, dtype=torch.float32),
+                            indexing="ij")
     base = torch.stack([xs, ys], 0).unsqueeze(0)
     return (base + full).permute(0, 2, 3, 1)
 

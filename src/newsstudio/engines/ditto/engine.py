@@ -62,9 +62,9 @@ from ...accel.static import BucketedRunner
 from ...avatar.packet import Packet, PacketError
 from ...compose.splice import sample_crops_to_roi
 from ..base import AvatarLayer, Engine, FrameQueue, TensorFrameQueue, neural_defaults, pingpong_index, warn_random_weights
+from ..batching import TensorBatcher
 from ..model_cache import ModelCache
 from .config import DittoConfig, load_config
-from ..batching import TensorBatcher
 from .lmdm import DDIMSampler, MotionBatcher, MotionWindowStream
 from .motion_stitch import (
     NUM_KP,

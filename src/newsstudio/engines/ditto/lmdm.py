@@ -98,7 +98,6 @@ def ddim_plan(alphas_cumprod: Tensor, steps: int, eta: float = 1.0) -> DDIMPlan:
     return DDIMPlan(pairs, tuple(an_sqrt), tuple(sig), tuple(cs))
 
 
-
 class DDIMProgram:
     """The whole DDIM loop of one plan as one callable over batch buckets of windows, shared by
     every stream of a model (``LMDM.ddim_program``): under CUDA graphs a 4-step window is one
@@ -189,10 +188,7 @@ class LMDM(nn.Module):
 
     def __getstate__(self) -> dict:
         # copies (deepcopy, pickling) get their own programs: graphs and locks are not copyable
-        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
-        state = dict(state)
-        state["_programs"], state["_programs_lock"] = {}, None
-        return state
+        return {**self.__dict__, "_programs": {}, "_programs_lock": None}
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
@@ -319,11 +315,10 @@ class DDIMSampler:
         b = aud_cond.shape[0]
         shape = (b, self.lmdm.seq_frames, self.lmdm.motion_feat_dim)
         x = self._randn(shape, aud_cond) if x_T is None else x_T.to(aud_cond.device, aud_cond.dtype)
-        if self.batcher is not None and trace is None and step_noise is None:
-            noise = torch.stack(self.step_noise).expand(-1, b, -1, -1) if self.step_noise else x.new_zeros((0, *shape))
-            return self.batcher.submit((kp_cond, aud_cond, x, noise)).result()
         if step_noise is None:
             step_noise = torch.stack(self.step_noise).expand(-1, b, -1, -1) if self.step_noise else x.new_zeros((0, *shape))
+            if self.batcher is not None and trace is None:
+                return self.batcher.submit((kp_cond, aud_cond, x, step_noise)).result()
         return self.program(kp_cond, aud_cond, x, step_noise.to(x.device, x.dtype), trace=trace)
 
 

@@ -301,8 +301,7 @@ class MuseTalkEngine(Engine):
         # Whisper over whole 30 s pieces (1-4 per call): a fixed shape, ~100 small kernels per run.
         self._whisper_runner = BucketedRunner(partial(encoder_hidden_states, self.models.whisper_encoder),
                                               self.front_end_accel, min_bucket=1, max_bucket=WHISPER_BUCKET_MAX)
-        self._states_fn: StatesFn = self._whisper_runner  # or, on a server, the streams' shared batcher
-        self.audio_batcher: TensorBatcher | None = None
+        self.audio_batcher: TensorBatcher | None = None  # the server's streams share Whisper calls
         self._parser = None
         self._idle: torch.Tensor | None = None
         self._layers: OrderedDict[str, AvatarLayer] = OrderedDict()  # a few avatars stay resident (server)
@@ -378,14 +377,18 @@ class MuseTalkEngine(Engine):
 
     # -- stages -----------------------------------------------------------------------------
     def conditioner(self, fps: float) -> FrameQueue:
-        return MuseTalkConditioner(self.models.whisper_encoder, fps, self.sample_rate, states_fn=self._states_fn)
+        return MuseTalkConditioner(self.models.whisper_encoder, fps, self.sample_rate, states_fn=self.whisper_states)
+
+    def whisper_states(self, mel: torch.Tensor) -> torch.Tensor:
+        """Whisper hidden states of log-mel pieces: graphed when it can be, through the streams'
+        shared batcher on a server."""
+        return self.audio_batcher(mel) if self.audio_batcher is not None else self._whisper_runner(mel)
 
     def use_stream_batchers(self) -> dict[str, TensorBatcher]:
         """Live streams re-encode their current 30 s Whisper piece every 100 ms; on a server their
         encoder runs share one batched call (same features as alone: the pieces are independent)."""
         if self.audio_batcher is None:
             self.audio_batcher = TensorBatcher(self._whisper_runner, max_rows=WHISPER_BUCKET_MAX, name="musetalk-whisper")
-            self._states_fn = self.audio_batcher
         return {"audio": self.audio_batcher}
 
     def render(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> torch.Tensor:
