@@ -179,10 +179,12 @@ def weights_channels_last(module: torch.nn.Module) -> bool:
 
 
 def mp4_options(spec: str) -> dict[str, Any]:
-    """`PRESET[:WORKERS[/SEGMENT_FRAMES]]` -> Mp4Writer keywords (workers > 1: parallel x264 segments)."""
+    """`PRESET[:WORKERS[/SEGMENT_FRAMES[/THREADS]]]` -> Mp4Writer keywords (workers > 1: parallel
+    x264 segments; THREADS: sliced x264 threads per segment, default the cores shared out)."""
     preset, _, rest = spec.partition(":")
-    workers, _, seg = (rest or "1").partition("/")
-    return {"preset": preset or "veryfast", "workers": int(workers), "segment_frames": int(seg or 32)}
+    workers, seg, threads, *_ = (rest or "1").split("/") + ["", ""]
+    return {"preset": preset or "veryfast", "workers": int(workers), "segment_frames": int(seg or 32),
+            "segment_threads": int(threads) if threads else None}
 
 
 def segment_mp4_figures(engine, packet, audio, fps: int, chunk: int, out_path: Path, specs: str, repeat: int) -> dict[str, Any]:

@@ -600,9 +600,11 @@ def test_encode_clip_with_metadata(tmp_path, speech2s):
         encode_clip(tmp_path / "e.mp4", [], fps=25)
 
 
-def test_parallel_segments_make_one_valid_frame_exact_stream(tmp_path, speech2s):
-    """Segments encoded by separate x264 instances join into one stream: every frame decodes,
-    in order, close to its source; an IDR starts every segment; audio is muxed as with one encoder."""
+@pytest.mark.parametrize("segment_threads", [None, 3])
+def test_parallel_segments_make_one_valid_frame_exact_stream(tmp_path, speech2s, segment_threads):
+    """Segments encoded by separate x264 instances (one thread each, or sliced threads) join into
+    one stream: every frame decodes, in order, close to its source; an IDR starts every segment;
+    audio is muxed as with one encoder."""
     n, w, h = 45, 160, 96
     g = np.random.default_rng(0)
     base = g.integers(0, 255, (h // 8, w // 8, 3), dtype=np.uint8)
@@ -611,7 +613,7 @@ def test_parallel_segments_make_one_valid_frame_exact_stream(tmp_path, speech2s)
     one, par = tmp_path / "one.mp4", tmp_path / "par.mp4"
     with Mp4Writer(one, w, h, 25, audio=speech2s) as wr:
         wr.write(nv12)
-    with Mp4Writer(par, w, h, 25, audio=speech2s, workers=3, segment_frames=16) as wr:
+    with Mp4Writer(par, w, h, 25, audio=speech2s, workers=3, segment_frames=16, segment_threads=segment_threads) as wr:
         for s in range(0, n, 7):  # batches that straddle segment boundaries; the buffer is reused
             buf = nv12[s:s + 7].copy()
             wr.write(buf)

@@ -21,6 +21,10 @@ Why this shape:
   and has no B-frames, and every instance has the same settings, hence the same SPS/PPS
   (checked per segment), so the segments join into one valid stream. Cost: no B-frames and an
   IDR per segment make the file somewhat larger at the same ``crf`` (benchmarks/encode_bench.py).
+  ``segment_threads``: x264 threads per segment instance (default: the cores shared out). More
+  than that over-subscribes the cores in steady state but lets the last few segments, which
+  alone decide when the file is done, finish on all cores: they run as *sliced* threads (one
+  frame split across threads, no frame delay), costing a little compression per slice.
 * Atomic: everything goes to a hidden temp file in the target folder, renamed over ``path``
   only on a clean close; an exception inside ``with`` removes it, so a reader never sees a
   half-written MP4.
@@ -137,9 +141,11 @@ class Mp4Writer:
         faststart: bool = True,
         workers: int = 1,
         segment_frames: int = 32,
+        segment_threads: int | None = None,
     ) -> None:
-        if workers < 1 or segment_frames < 1:
-            raise ValueError(f"workers and segment_frames must be >= 1, got {workers}, {segment_frames}")
+        if workers < 1 or segment_frames < 1 or (segment_threads is not None and segment_threads < 1):
+            raise ValueError(f"workers, segment_frames and segment_threads must be >= 1, "
+                             f"got {workers}, {segment_frames}, {segment_threads}")
         if width <= 0 or height <= 0 or width % 2 or height % 2:
             raise ValueError(f"H.264 4:2:0 needs even, positive width and height, got {width}x{height}")
         if pixel_input not in ("nv12", "rgb"):
@@ -152,6 +158,7 @@ class Mp4Writer:
         self.pixel_input: PixelInput = pixel_input
         self.frames_written = 0
         self.workers, self.segment_frames = int(workers), int(segment_frames)
+        self.segment_threads = int(segment_threads) if segment_threads else max(1, (os.cpu_count() or 1) // self.workers)
         self._pool: ThreadPoolExecutor | None = None
         self._segments: deque[tuple[int, Future]] = deque()  # (frames, future) in stream order
         self._pending: list[tuple[Callable[[np.ndarray], av.VideoFrame], np.ndarray]] = []
@@ -220,8 +227,9 @@ class Mp4Writer:
         ctx.framerate = self.fps
         self._tag_video(ctx)
         ctx.flags |= av.codec.context.Flags.global_header  # headers out of band, as the MP4 stream's
-        threads = max(1, (os.cpu_count() or 1) // self.workers)
-        ctx.options = {**self._x264, "threads": str(threads)}
+        ctx.options = {**self._x264, "threads": str(self.segment_threads)}
+        if self.segment_threads > 1:
+            ctx.options = {**ctx.options, "x264-params": "sliced-threads=1"}
         ctx.open()
         out: list[tuple[bytes, int, int, bool]] = []
         for i, (make, image) in enumerate(items):
