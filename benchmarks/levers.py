@@ -83,6 +83,7 @@ class Net:
     fp8_filter: Callable[[str, nn.Module], bool] | None = None  # None: no FP8 lever
     has_conv: bool = True
     specialise: Callable[[nn.Module], None] | None = None  # e.g. fold spectral norm
+    rewrite: Callable[[nn.Module], None] | None = None  # an exact algebraic rewrite (VAE: phase upsampling)
 
 
 def _randn(shape, g, device, scale=1.0):
@@ -143,8 +144,13 @@ def vae_net(quick: bool) -> Net:
 
         return run
 
+    def phase_upsample(vae) -> None:
+        from newsstudio.accel.upsample_conv import with_phase_upsampling
+
+        vae.decoder = with_phase_upsampling(vae.decoder)[0]
+
     return Net("vae", "sd-vae decode (latents -> RGB)", 1, build, inputs, make_fn,
-               to_image=lambda x: ((x / 2 + 0.5).clamp(0, 1) * 255))
+               to_image=lambda x: ((x / 2 + 0.5).clamp(0, 1) * 255), rewrite=phase_upsample)
 
 
 class DittoRender(nn.Module):
@@ -226,10 +232,11 @@ class Lever:
     fp8: bool = False
     tf32: bool = False
     fold: bool = True  # apply the network's `specialise` (Ditto: folded spectral norm)
+    rewrite: bool = False  # apply the network's `rewrite`
     reference: bool = False
 
     def key(self) -> tuple:
-        return (self.dtype, self.channels_last, self.fp8, self.fold and self.dtype != "fp32")
+        return (self.dtype, self.channels_last, self.fp8, self.fold and self.dtype != "fp32", self.rewrite)
 
 
 def levers_for(net: Net, half: str) -> list[Lever]:
@@ -249,6 +256,11 @@ def levers_for(net: Net, half: str) -> list[Lever]:
             Lever(f"{h} channels_last cudagraph", "half", mode="cudagraph", channels_last=True),
             Lever(f"{h} channels_last compile+cudagraph", "half", mode="compile+cudagraph", channels_last=True),
             Lever("fp8 compile+cudagraph", "half", mode="compile+cudagraph", fp8=True)]
+    if net.rewrite is not None:
+        out += [Lever("fp32 eager, phase upsampling", "fp32", fold=False, rewrite=True),
+                Lever(f"{h} eager, phase upsampling", "half", rewrite=True),
+                Lever(f"{h} channels_last compile+cudagraph, phase upsampling", "half", mode="compile+cudagraph",
+                      channels_last=True, rewrite=True)]
     return out
 
 
@@ -434,6 +446,8 @@ def run_network(net: Net, args, device: torch.device, half: str, peak: dict[str,
             m = copy.deepcopy(ref_model)
             if key[3] and net.specialise is not None:
                 net.specialise(m)
+            if lv.rewrite and net.rewrite is not None:
+                net.rewrite(m)
             dt = torch.float32 if lv.dtype == "fp32" else (half_dtype if lv.dtype == "half" else torch.bfloat16)
             if dt != torch.float32:
                 cast_(m, dt)

@@ -116,7 +116,10 @@ def check_vae_encode_latents(t: dict, meta: dict) -> None:
 
 def check_vae_decode(t: dict, meta: dict) -> None:
     """3b: decoded sample (rel 1e-4) and the uint8 BGR image (<= 1 off on <= 1 % of values);
-    post-processing the golden decoded sample must give the golden image exactly."""
+    post-processing the golden decoded sample must give the golden image exactly. The engine's
+    decoder (upsampling as phase convolutions, accel/upsample_conv.py) meets the same bounds."""
+    from newsstudio.accel.upsample_conv import with_phase_upsampling
+
     vae = _cached("vae", meta["vae_config"], meta["weight_salt"])
     sf = float(meta["scaling_factor"])
     decoded = mt_vae.decode(vae, t["in.latents"], scaling_factor=sf)
@@ -124,6 +127,12 @@ def check_vae_decode(t: dict, meta: dict) -> None:
     assert torch.equal(mt_vae.postprocess_uint8(t["out.decoded_sample"]), t["out.image_bgr"]), \
         "post-processing of the golden decoded_sample must reproduce image_bgr exactly"
     assert_uint8_close("image_bgr", mt_vae.postprocess_uint8(decoded), t["out.image_bgr"], 1, 0.01)
+    fast_decoder, replaced = with_phase_upsampling(vae.decoder)
+    assert replaced == 3
+    with torch.inference_mode():
+        fast = fast_decoder(vae.post_quant_conv(t["in.latents"].float() * (1.0 / sf)))
+    assert_close("decoded_sample (phase upsampling)", fast, t["out.decoded_sample"], FLOAT_TOL)
+    assert_uint8_close("image_bgr (phase upsampling)", mt_vae.postprocess_uint8(fast), t["out.image_bgr"], 1, 0.01)
 
 
 def check_unet_forward(t: dict, meta: dict) -> None:

@@ -37,6 +37,7 @@ import torch
 from ...accel.precision import to_channels_last_
 from ...accel.settings import resolve_accel
 from ...accel.static import BucketedRunner
+from ...accel.upsample_conv import with_phase_upsampling
 from ...audio.source import as_fraction, frames_for_samples
 from ...avatar.packet import Packet, PacketError
 from ..base import AvatarLayer, Engine, FrameQueue, TensorFrameQueue, neural_defaults, warn_random_weights
@@ -228,7 +229,9 @@ class MuseTalkEngine(Engine):
     them again (True) or raise (False). ``accel``: how UNet + decode run on CUDA (``"cudagraph"``
     by default, ``"compile+cudagraph"``, ``"compile"``, ``"eager"``; CPU is eager);
     ``channels_last``: NHWC weights (default: with a compile mode only); ``cudnn_benchmark``: cuDNN
-    autotuning (accel/cudnn.py; default on with CUDA).
+    autotuning (accel/cudnn.py; default on with CUDA); ``phase_upsample``: the VAE decoder's three
+    nearest-2x + 3x3-conv pairs computed as 2x2 phase convolutions (accel/upsample_conv.py: 97 of
+    its 622 GFLOP per frame saved, equal up to rounding; the shared VAE itself stays as loaded).
     """
 
     name = "musetalk"
@@ -258,6 +261,7 @@ class MuseTalkEngine(Engine):
         channels_last: bool | None = None,
         cudnn_benchmark: bool | None = None,
         prebake_batch: int | None = None,
+        phase_upsample: bool = True,
         unet_config: dict[str, Any] | None = None,
         vae_config: dict[str, Any] | None = None,
     ):
@@ -294,7 +298,10 @@ class MuseTalkEngine(Engine):
         self._scale = 1.0 / scaling_factor_of(self.models.vae)
         self._t0 = torch.zeros(1, dtype=torch.long, device=device)
         self._unet = self.models.unet
-        self._decoder = self.models.vae.decode
+        self.phase_upsample = bool(phase_upsample)
+        vae = self.models.vae
+        self._post_quant_conv = vae.post_quant_conv if vae.post_quant_conv is not None else torch.nn.Identity()
+        self._vae_decoder = with_phase_upsampling(vae.decoder)[0] if self.phase_upsample else vae.decoder
         # UNet + decode run as one static-shape callable per batch bucket: CUDA graphs remove the
         # ~2,500 kernel launches per call (tens of ms) that dominate small batches. Eager on CPU.
         self._face_runner = BucketedRunner(self._faces, self.accel, min_bucket=4, max_bucket=RENDER_BUCKET_MAX)
@@ -413,7 +420,7 @@ class MuseTalkEngine(Engine):
     def _faces(self, latents: torch.Tensor, prompts: torch.Tensor) -> torch.Tensor:
         """UNet step + VAE decode + the official post-processing: (B, 3, 256, 256) float in [0, 255]."""
         pred = self._unet(latents, self._t0, encoder_hidden_states=self.models.pe(prompts)).sample
-        decoded = self._decoder(pred * self._scale).sample
+        decoded = self._vae_decoder(self._post_quant_conv(pred * self._scale))  # AutoencoderKL.decode, untiled
         # the official decode_latents: (x/2 + 0.5).clamp(0, 1) in the model dtype, then float32 * 255, rounded
         return torch.round((decoded / 2 + 0.5).clamp(0, 1).float() * 255.0)
 
