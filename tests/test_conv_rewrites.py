@@ -1,4 +1,4 @@
-"""Phase upsampling (accel/upsample_conv.py): nearest 2x + 3x3 conv as 2x2 phase convolutions."""
+"""Exact convolution rewrites (accel/upsample_conv.py, accel/depth_sliced_conv3d.py): same results up to rounding, fewer FLOPs or better-shaped kernels."""
 from __future__ import annotations
 
 import pytest
@@ -11,16 +11,17 @@ from newsstudio.accel.upsample_conv import PhaseUpsampleConv, with_phase_upsampl
 
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
-def test_phase_conv_equals_upsample_then_conv(bias, layout):
+@pytest.mark.parametrize("scale", [2, 3, 4])
+def test_phase_conv_equals_upsample_then_conv(bias, layout, scale):
     torch.manual_seed(0)
     conv = nn.Conv2d(6, 5, 3, padding=1, bias=bias).to(memory_format=layout)
-    x = torch.randn(3, 6, 7, 10).to(memory_format=layout)  # odd height: borders of both phases
-    ref = conv(F.interpolate(x, scale_factor=2, mode="nearest"))
-    got = PhaseUpsampleConv(conv)(x)
-    assert got.shape == ref.shape == (3, 5, 14, 20)
+    x = torch.randn(3, 6, 7, 10).to(memory_format=layout)  # odd height: borders of every phase
+    ref = conv(F.interpolate(x, scale_factor=scale, mode="nearest"))
+    got = PhaseUpsampleConv(conv, scale)(x)
+    assert got.shape == ref.shape == (3, 5, 7 * scale, 10 * scale)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
-    # the fused weights do 16 instead of 36 multiply-adds per channel pair and input pixel
-    assert PhaseUpsampleConv(conv).weight.shape == (20, 6, 2, 2)
+    # 4 taps per phase: 16 instead of 36 multiply-adds per channel pair and input pixel (scale 2)
+    assert PhaseUpsampleConv(conv, scale).weight.shape == (5 * scale * scale, 6, 2, 2)
 
 
 @pytest.mark.parametrize("conv", [nn.Conv2d(4, 4, 3, padding=0), nn.Conv2d(4, 4, 3, padding=1, stride=2),
@@ -47,3 +48,19 @@ def test_vae_decoder_copy_matches_and_leaves_the_original_alone():
         got = fast(vae.post_quant_conv(z))
     assert ((got - ref).norm() / ref.norm()).item() < 1e-5
     assert all(torch.equal(v, vae.state_dict()[k]) for k, v in before.items())
+
+
+@pytest.mark.parametrize("shape,kernel,padding", [((6, 22, 5, 9, 8), 7, 3), ((5, 3, 4, 6, 7), 3, 1), ((4, 8, 3, 5, 5), (3, 1, 1), (1, 0, 0))])
+def test_depth_sliced_conv3d_equals_conv3d(shape, kernel, padding):
+    from newsstudio.accel.depth_sliced_conv3d import DepthSlicedConv3d
+
+    cin, cout, d, h, w = shape
+    torch.manual_seed(1)
+    conv = nn.Conv3d(cin, cout, kernel, padding=padding)
+    x = torch.randn(2, cin, d, h, w)
+    ref = conv(x)
+    got = DepthSlicedConv3d(conv)(x)
+    assert got.shape == ref.shape
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="stride-1"):
+        DepthSlicedConv3d(nn.Conv3d(cin, cout, 3, stride=2))
