@@ -133,7 +133,7 @@ def write_json(path: str | os.PathLike[str] | None, data: dict[str, Any]) -> Non
 def add_engine_config_args(ap: argparse.ArgumentParser) -> None:
     """--variants and --mp4, the same in every engine benchmark."""
     ap.add_argument("--variants", default=None,
-                    help="engine configurations to time, ACCEL[:nchw|:cl][:nobench][:noup],... (first = compared with the reference)")
+                    help="engine configurations to time, ACCEL[:nchw|:cl][:nobench][:norw],... (first = compared with the reference)")
     ap.add_argument("--mp4", default="veryfast", help="segment->MP4 encoding, PRESET[:WORKERS[/SEGMENT_FRAMES]]; several comma-separated "
                     "are each timed (the first is the headline figure)")
 
@@ -144,21 +144,21 @@ def variant_list(spec: str | None) -> list[str] | None:
 
 
 def parse_variant(spec: str) -> dict[str, Any]:
-    """`ACCEL[:nchw|:cl][:nobench][:noup]` -> engine keywords: the accel mode, channels_last (':nchw'
+    """`ACCEL[:nchw|:cl][:nobench][:norw]` -> engine keywords: the accel mode, channels_last (':nchw'
     off, ':cl' on, else the engine's default), cudnn_benchmark (':nobench' off, else the default: on
-    with CUDA) and MuseTalk's phase_upsample (':noup' off). Each configuration gets its own copy of the weights (engines/model_cache.py)."""
+    with CUDA) and the engine's exact conv_rewrites (':norw' off). Each configuration gets its own copy of the weights (engines/model_cache.py)."""
     from newsstudio.accel import MODES
 
     accel, *flags = spec.split(":")
-    if accel not in MODES or any(f not in ("nchw", "cl", "nobench", "noup") for f in flags):
-        raise SystemExit(f"--variants: {spec!r} is not ACCEL[:nchw|:cl][:nobench][:noup] with ACCEL one of {MODES}")
+    if accel not in MODES or any(f not in ("nchw", "cl", "nobench", "norw") for f in flags):
+        raise SystemExit(f"--variants: {spec!r} is not ACCEL[:nchw|:cl][:nobench][:norw] with ACCEL one of {MODES}")
     kw: dict[str, Any] = {"accel": accel}
     if "nchw" in flags or "cl" in flags:
         kw["channels_last"] = "cl" in flags
     if "nobench" in flags:
         kw["cudnn_benchmark"] = False
-    if "noup" in flags:
-        kw["phase_upsample"] = False
+    if "norw" in flags:
+        kw["conv_rewrites"] = False
     return kw
 
 

@@ -83,7 +83,7 @@ class Net:
     fp8_filter: Callable[[str, nn.Module], bool] | None = None  # None: no FP8 lever
     has_conv: bool = True
     specialise: Callable[[nn.Module], None] | None = None  # e.g. fold spectral norm
-    rewrite: Callable[[nn.Module], None] | None = None  # an exact algebraic rewrite (VAE: phase upsampling)
+    rewrite: Callable[[nn.Module], None] | None = None  # the engine's exact conv rewrites (VAE: phase upsampling)
 
 
 def _randn(shape, g, device, scale=1.0):
@@ -144,7 +144,7 @@ def vae_net(quick: bool) -> Net:
 
         return run
 
-    def phase_upsample(vae) -> None:
+    def phase_upsample(vae) -> None:  # what MuseTalkEngine(conv_rewrites=True) decodes with
         from newsstudio.accel.upsample_conv import with_phase_upsampling
 
         vae.decoder = with_phase_upsampling(vae.decoder)[0]
@@ -184,9 +184,16 @@ def ditto_net(quick: bool) -> Net:
     def make_fn(m):
         return m.forward
 
+    def regroup(m) -> None:
+        from newsstudio.engines.ditto.models.regrouped import RegroupedSPADEDecoder, regrouped_warp
+
+        if not m.dec.spectral_norm_folded:
+            m.dec.fold_spectral_norm_()
+        m.warp, m.dec = regrouped_warp(m.warp), RegroupedSPADEDecoder(m.dec)
+
     return Net("ditto", "Ditto warp + SPADE decoder", 1, build, inputs, make_fn,
                to_image=lambda x: x.clamp(0, 1) * 255,
-               specialise=lambda m: m.dec.fold_spectral_norm_())
+               specialise=lambda m: m.dec.fold_spectral_norm_(), rewrite=regroup)
 
 
 def lmdm_net(quick: bool) -> Net:
@@ -256,10 +263,11 @@ def levers_for(net: Net, half: str) -> list[Lever]:
             Lever(f"{h} channels_last cudagraph", "half", mode="cudagraph", channels_last=True),
             Lever(f"{h} channels_last compile+cudagraph", "half", mode="compile+cudagraph", channels_last=True),
             Lever("fp8 compile+cudagraph", "half", mode="compile+cudagraph", fp8=True)]
-    if net.rewrite is not None:
-        out += [Lever("fp32 eager, phase upsampling", "fp32", fold=False, rewrite=True),
-                Lever(f"{h} eager, phase upsampling", "half", rewrite=True),
-                Lever(f"{h} channels_last compile+cudagraph, phase upsampling", "half", mode="compile+cudagraph",
+    if net.rewrite is not None:  # the engines' exact conv rewrites (MuseTalk VAE: phase upsampling; Ditto: regrouped)
+        out += [Lever("fp32 eager, conv rewrites", "fp32", fold=False, rewrite=True),
+                Lever(f"{h} eager, conv rewrites", "half", rewrite=True),
+                Lever(f"{h} cudagraph, conv rewrites", "half", mode="cudagraph", rewrite=True),
+                Lever(f"{h} channels_last compile+cudagraph, conv rewrites", "half", mode="compile+cudagraph",
                       channels_last=True, rewrite=True)]
     return out
 

@@ -64,3 +64,14 @@ def test_depth_sliced_conv3d_equals_conv3d(shape, kernel, padding):
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="stride-1"):
         DepthSlicedConv3d(nn.Conv3d(cin, cout, 3, stride=2))
+
+
+def test_depth_sliced_conv3d_of_an_upsampled_volume():
+    from newsstudio.accel.depth_sliced_conv3d import DepthSlicedConv3d
+
+    torch.manual_seed(2)
+    conv = nn.Conv3d(16, 8, 3, padding=1)
+    x = torch.randn(2, 16, 4, 5, 6)
+    ref = conv(F.interpolate(x, scale_factor=(1.0, 2.0, 2.0), mode="nearest"))
+    got = DepthSlicedConv3d(conv, upsample_hw=2)(x)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)

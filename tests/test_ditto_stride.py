@@ -80,13 +80,13 @@ def _render_chunks(engine, layer, rows, sizes, start=0):
 
 
 class NetworkFrames:
-    """Frames through warp and decoder, counted with forward hooks on the shared modules."""
+    """Frames through warp and decoder, counted with forward hooks on the engine's networks."""
 
-    def __init__(self, models):
+    def __init__(self, engine):
         self.warp = self.decoder = 0
         self._hooks = [
-            models.warp.dense_motion_network.register_forward_hook(lambda m, i, o: self._add("warp", o["mask"].shape[0])),
-            models.decoder.register_forward_hook(lambda m, i, o: self._add("decoder", o.shape[0])),
+            engine._warp.dense_motion_network.register_forward_hook(lambda m, i, o: self._add("warp", o["mask"].shape[0])),
+            engine._decoder.register_forward_hook(lambda m, i, o: self._add("decoder", o.shape[0])),
         ]
 
     def _add(self, name, n):
@@ -115,7 +115,7 @@ def test_stride_1_is_the_dense_path(dense, video_packet):
     got = e1.render(layer, rows[1:3], idx)
     with torch.inference_mode():
         x_s, x_d = e1.keypoints(layer, rows[1:3], idx)
-        crops = e1.models.decoder(e1.models.warp(layer.data["f_s"][idx].float(), x_s, x_d)).clamp(0, 1) * 255
+        crops = e1._decoder(e1._warp(layer.data["f_s"][idx].float(), x_s, x_d)).clamp(0, 1) * 255  # the engine's networks
     assert torch.equal(got, sample_crops_to_roi(crops, layer.data["grid"][idx]))
 
 
@@ -129,7 +129,7 @@ def test_stride_3_renders_only_keyframes(dense, video_packet):
     assert rows.shape == (T, S.stride_width(DRIVING_DIM))
     base = rows[:, :DRIVING_DIM]
     assert torch.equal(base, _rows(dense, dense.load_avatar(video_packet), FEATS))
-    with NetworkFrames(e3.models) as nf:
+    with NetworkFrames(e3) as nf:
         out = _render_chunks(e3, layer, rows, [2, 3, 2])
     assert (nf.warp, nf.decoder) == (3, 3) and e3._strider.network_frames == 3
     assert out.shape == (T, *layer.roi_hw, 3) and float(out.min()) >= 0 and float(out.max()) <= 255

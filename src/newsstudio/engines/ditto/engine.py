@@ -66,6 +66,7 @@ from ..batching import TensorBatcher
 from ..model_cache import ModelCache
 from .config import DittoConfig, load_config
 from .lmdm import DDIMSampler, MotionBatcher, MotionWindowStream
+from .models.regrouped import RegroupedSPADEDecoder, regrouped_warp
 from .motion_stitch import (
     NUM_KP,
     MotionStitchConfig,
@@ -306,6 +307,9 @@ class DittoEngine(Engine):
     ``channels_last``: NHWC / NDHWC layout for the convolutions (default: with a compile mode only;
     under plain CUDA graphs it measured 14 % slower on an H200). ``cudnn_benchmark``: cuDNN
     autotuning (accel/cudnn.py; default on with CUDA).
+    ``conv_rewrites``: warp and decoder regrouped for the GPU (models/regrouped.py: aligned 2-D forms
+    of the badly shaped 3-D convs, phase convolutions instead of upsample + conv, stacked same-input
+    convs; equal up to rounding; the shared plain networks stay as loaded).
     ``stride``: warp + decode every ``stride``-th frame only and interpolate the frames between
     (``stride_mode``: how; see stride.py); 1 = dense.
     Further keywords: :class:`config.DittoConfig` fields (see the module doc).
@@ -329,6 +333,7 @@ class DittoEngine(Engine):
         channels_last: bool | None = None,
         cudnn_benchmark: bool | None = None,
         prebake_batch: int | None = None,
+        conv_rewrites: bool = True,
         stride: int = 1,
         stride_mode: str = "mask",
         **options: Any,
@@ -355,8 +360,12 @@ class DittoEngine(Engine):
         self.weights_id = self.models.weights_id()
         self.reprebake = reprebake
         self.prebake_batch = prebake_batch or (16 if device.type == "cuda" else 2)
-        self._warp = self.models.warp
-        self._decoder = self.models.decoder
+        self.conv_rewrites = bool(conv_rewrites)
+        self._warp = regrouped_warp(self.models.warp) if self.conv_rewrites else self.models.warp
+        self._decoder = RegroupedSPADEDecoder(self.models.decoder) if self.conv_rewrites else self.models.decoder
+        if self.conv_rewrites and self.channels_last:
+            to_channels_last_(self._warp)
+            to_channels_last_(self._decoder)
         # warp + decoder as one static-shape callable per batch bucket (CUDA graphs: ~1,000 launches less per call)
         self._crop_runner = BucketedRunner(self._crops, self.accel, min_bucket=4, max_bucket=RENDER_BUCKET_MAX)
         # HuBERT over fixed 6480-sample windows, 1-8 per call: ~700 small kernels each, graphed on CUDA.

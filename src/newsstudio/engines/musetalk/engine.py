@@ -229,7 +229,7 @@ class MuseTalkEngine(Engine):
     them again (True) or raise (False). ``accel``: how UNet + decode run on CUDA (``"cudagraph"``
     by default, ``"compile+cudagraph"``, ``"compile"``, ``"eager"``; CPU is eager);
     ``channels_last``: NHWC weights (default: with a compile mode only); ``cudnn_benchmark``: cuDNN
-    autotuning (accel/cudnn.py; default on with CUDA); ``phase_upsample``: the VAE decoder's three
+    autotuning (accel/cudnn.py; default on with CUDA); ``conv_rewrites``: the VAE decoder's three
     nearest-2x + 3x3-conv pairs computed as 2x2 phase convolutions (accel/upsample_conv.py: 97 of
     its 622 GFLOP per frame saved, equal up to rounding; the shared VAE itself stays as loaded).
     """
@@ -261,7 +261,7 @@ class MuseTalkEngine(Engine):
         channels_last: bool | None = None,
         cudnn_benchmark: bool | None = None,
         prebake_batch: int | None = None,
-        phase_upsample: bool = True,
+        conv_rewrites: bool = True,
         unet_config: dict[str, Any] | None = None,
         vae_config: dict[str, Any] | None = None,
     ):
@@ -298,10 +298,10 @@ class MuseTalkEngine(Engine):
         self._scale = 1.0 / scaling_factor_of(self.models.vae)
         self._t0 = torch.zeros(1, dtype=torch.long, device=device)
         self._unet = self.models.unet
-        self.phase_upsample = bool(phase_upsample)
+        self.conv_rewrites = bool(conv_rewrites)
         vae = self.models.vae
         self._post_quant_conv = vae.post_quant_conv if vae.post_quant_conv is not None else torch.nn.Identity()
-        self._vae_decoder = with_phase_upsampling(vae.decoder)[0] if self.phase_upsample else vae.decoder
+        self._vae_decoder = with_phase_upsampling(vae.decoder)[0] if self.conv_rewrites else vae.decoder
         # UNet + decode run as one static-shape callable per batch bucket: CUDA graphs remove the
         # ~2,500 kernel launches per call (tens of ms) that dominate small batches. Eager on CPU.
         self._face_runner = BucketedRunner(self._faces, self.accel, min_bucket=4, max_bucket=RENDER_BUCKET_MAX)

@@ -1,0 +1,181 @@
+"""Ditto's warp network and SPADE decoder with the same weights, regrouped for the GPU.
+
+Every rewrite here is exact up to rounding (tests/test_ditto_regrouped.py compares with the
+plain modules); the plain modules stay what the checkpoints load into and what the golden
+tests check. Copies share every weight they do not regroup.
+
+Warp network (DenseMotionNetwork's 3-D hourglass):
+* the 7x7x7 mask conv (142 -> 22 channels, 140 GFLOP/frame), the hourglass's last conv
+  (142 -> 142) and first conv (110 -> 64): channel counts that are not multiples of 8 put cuDNN
+  on slow generic 3-D kernels; they run as :class:`DepthSlicedConv3d` (a 2-D conv over depth
+  slices with aligned channels and a shifted depth sum);
+* each UpBlock3d (nearest 2x in H, W, then a 3x3x3 conv): a phase convolution of the slices,
+  2.25x fewer FLOPs, no upsampled volume.
+
+SPADE decoder (16 SPADE norms, each ``relu(conv3x3(nearest(seg)))`` then gamma and beta convs):
+* the shared convs of all norms that see the same resolution read the same ``seg``: one conv
+  with their output channels stacked (12 norms of the middle blocks at 64x64; 3 + 3 norms of
+  the up blocks as phase convolutions of the 64x64 ``seg`` for 128x128 and 256x256, 2.25x fewer
+  FLOPs: 80 of 1,234 GFLOP/frame saved);
+* each norm's gamma and beta convs (same input) as one conv with both outputs.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ....accel.depth_sliced_conv3d import DepthSlicedConv3d
+from ....accel.upsample_conv import PhaseUpsampleConv
+from .blocks import SPADE, SPADEResnetBlock, UpBlock3d
+from .spade_decoder import SPADEDecoder
+from .warping_network import WarpingNetwork
+
+__all__ = ["RegroupedSPADEDecoder", "regrouped_warp"]
+
+
+def _shared_copy(module: nn.Module) -> nn.Module:
+    """A copy of the module tree that shares every parameter and buffer with ``module``."""
+    memo = {id(t): t for t in (*module.parameters(), *module.buffers())}
+    return copy.deepcopy(module, memo)
+
+
+class PhaseUpBlock3d(nn.Module):
+    """UpBlock3d (nearest 2x in H and W, 3x3x3 conv, BatchNorm, ReLU) without the upsampled volume."""
+
+    def __init__(self, block: UpBlock3d) -> None:
+        super().__init__()
+        self.conv = DepthSlicedConv3d(block.conv, upsample_hw=2)
+        self.norm = block.norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.norm(self.conv(x)))
+
+
+def _misaligned(conv: nn.Conv3d, align: int = 8) -> bool:
+    return conv.in_channels % align != 0 or conv.out_channels % align != 0
+
+
+def regrouped_warp(warp: WarpingNetwork) -> WarpingNetwork:
+    """A copy of ``warp`` (weights shared) with the hourglass rewrites above."""
+    out = _shared_copy(warp)
+    dense = out.dense_motion_network
+    hourglass = dense.hourglass
+    if _misaligned(dense.mask):
+        dense.mask = DepthSlicedConv3d(dense.mask)
+    if _misaligned(hourglass.decoder.conv):
+        hourglass.decoder.conv = DepthSlicedConv3d(hourglass.decoder.conv)
+    first = hourglass.encoder.down_blocks[0]
+    if _misaligned(first.conv) and first.conv.groups == 1:
+        first.conv = DepthSlicedConv3d(first.conv)
+    hourglass.decoder.up_blocks = nn.ModuleList(
+        PhaseUpBlock3d(b) if b.conv.groups == 1 and b.conv.kernel_size == (3, 3, 3) else b for b in hourglass.decoder.up_blocks)
+    return out
+
+
+def _stacked(convs: list[nn.Conv2d]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weights and biases of same-input convs stacked along the outputs."""
+    return (torch.cat([c.weight.detach() for c in convs]),
+            torch.cat([c.bias.detach() if c.bias is not None else c.weight.new_zeros(c.out_channels) for c in convs]))
+
+
+class _StackedConv(nn.Module):
+    """Same-input 3x3 convs as one conv (on ``seg`` upsampled by ``scale``: a phase convolution),
+    ReLU, split back into each conv's outputs."""
+
+    def __init__(self, convs: list[nn.Conv2d], scale: int) -> None:
+        super().__init__()
+        weight, bias = _stacked(convs)
+        layout = torch.channels_last if convs[0].weight.is_contiguous(memory_format=torch.channels_last) \
+            and not convs[0].weight.is_contiguous() else torch.contiguous_format
+        self.sizes = [c.out_channels for c in convs]
+        self.conv: nn.Module
+        if scale > 1:
+            self.conv = PhaseUpsampleConv(weight=weight, bias=bias, scale=scale)
+        else:
+            self.conv = nn.Conv2d(weight.shape[1], weight.shape[0], 3, padding=1).to(weight.device, weight.dtype)
+            self.conv.weight = nn.Parameter(weight.contiguous(memory_format=layout), requires_grad=False)
+            self.conv.bias = nn.Parameter(bias, requires_grad=False)
+
+    def forward(self, seg: torch.Tensor) -> list[torch.Tensor]:
+        return list(torch.split(F.relu(self.conv(seg)), self.sizes, dim=1))
+
+
+class _RegroupedSPADE(nn.Module):
+    """A SPADE norm whose shared activation comes from outside; gamma and beta in one conv."""
+
+    def __init__(self, norm: SPADE) -> None:
+        super().__init__()
+        self.param_free_norm = norm.param_free_norm
+        self.channels = norm.mlp_gamma.out_channels
+        gamma, beta = norm.mlp_gamma, norm.mlp_beta
+        weight, bias = _stacked([gamma, beta])
+        self.gamma_beta = nn.Conv2d(weight.shape[1], weight.shape[0], 3, padding=1).to(weight.device, weight.dtype)
+        layout = torch.channels_last if gamma.weight.is_contiguous(memory_format=torch.channels_last) \
+            and not gamma.weight.is_contiguous() else torch.contiguous_format
+        self.gamma_beta.weight = nn.Parameter(weight.contiguous(memory_format=layout), requires_grad=False)
+        self.gamma_beta.bias = nn.Parameter(bias, requires_grad=False)
+
+    def forward(self, x: torch.Tensor, actv: torch.Tensor) -> torch.Tensor:
+        gamma, beta = torch.split(self.gamma_beta(actv), self.channels, dim=1)
+        return self.param_free_norm(x) * (1 + gamma) + beta
+
+
+class _RegroupedBlock(nn.Module):
+    """SPADEResnetBlock with its norms' activations given (order: norm_s if learned, norm_0, norm_1)."""
+
+    def __init__(self, block: SPADEResnetBlock) -> None:
+        super().__init__()
+        self.learned_shortcut = block.learned_shortcut
+        self.conv_0, self.conv_1 = block.conv_0, block.conv_1
+        self.norm_0, self.norm_1 = _RegroupedSPADE(block.norm_0), _RegroupedSPADE(block.norm_1)
+        if self.learned_shortcut:
+            self.conv_s, self.norm_s = block.conv_s, _RegroupedSPADE(block.norm_s)
+
+    @staticmethod
+    def norms_of(block: SPADEResnetBlock) -> list[SPADE]:
+        return ([block.norm_s] if block.learned_shortcut else []) + [block.norm_0, block.norm_1]
+
+    def forward(self, x: torch.Tensor, actvs: list[torch.Tensor]) -> torch.Tensor:
+        if self.learned_shortcut:
+            a_s, a_0, a_1 = actvs
+            x_s = self.conv_s(self.norm_s(x, a_s))
+        else:
+            (a_0, a_1), x_s = actvs, x
+        dx = self.conv_0(F.leaky_relu(self.norm_0(x, a_0), 0.2))
+        dx = self.conv_1(F.leaky_relu(self.norm_1(dx, a_1), 0.2))
+        return x_s + dx
+
+
+class RegroupedSPADEDecoder(nn.Module):
+    """A (spectral-norm-folded) SPADEDecoder regrouped as described above; same forward."""
+
+    def __init__(self, dec: SPADEDecoder) -> None:
+        super().__init__()
+        if not dec.spectral_norm_folded:
+            raise ValueError("regroup a SPADEDecoder after fold_spectral_norm_()")
+        self.fc, self.conv_img = dec.fc, dec.conv_img
+        middle = dec.middle_blocks()
+        self.middle = nn.ModuleList(_RegroupedBlock(b) for b in middle)
+        self.middle_counts = [len(_RegroupedBlock.norms_of(b)) for b in middle]
+        self.middle_shared = _StackedConv([n.mlp_shared[0] for b in middle for n in _RegroupedBlock.norms_of(b)], 1)
+        self.up_0, self.up_1 = _RegroupedBlock(dec.up_0), _RegroupedBlock(dec.up_1)
+        self.up_0_shared = _StackedConv([n.mlp_shared[0] for n in _RegroupedBlock.norms_of(dec.up_0)], 2)
+        self.up_1_shared = _StackedConv([n.mlp_shared[0] for n in _RegroupedBlock.norms_of(dec.up_1)], 4)
+
+    def forward_logits(self, feature: torch.Tensor) -> torch.Tensor:
+        seg = feature
+        x = self.fc(feature)
+        actvs = self.middle_shared(seg)
+        start = 0
+        for block, n in zip(self.middle, self.middle_counts):
+            x = block(x, actvs[start:start + n])
+            start += n
+        x = self.up_0(F.interpolate(x, scale_factor=2.0, mode="nearest"), self.up_0_shared(seg))
+        x = self.up_1(F.interpolate(x, scale_factor=2.0, mode="nearest"), self.up_1_shared(seg))
+        return self.conv_img(F.leaky_relu(x, 0.2))
+
+    def forward(self, feature: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.forward_logits(feature))
