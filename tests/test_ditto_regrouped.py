@@ -51,3 +51,17 @@ def test_regrouped_spade_decoder_equals_decoder() -> None:
 def test_regrouping_needs_a_folded_decoder() -> None:
     with pytest.raises(ValueError, match="fold_spectral_norm_"):
         RegroupedSPADEDecoder(SPADEDecoder())
+
+
+@pytest.mark.parametrize("name", ["warp", "spade"])
+def test_regrouped_forwards_have_no_graph_breaks(name: str) -> None:
+    """Dynamo captures each regrouped forward as ONE graph, as the plain ones (torch.compile)."""
+    torch._dynamo.reset()
+    if name == "warp":
+        m = regrouped_warp(WarpingNetwork().eval())
+        args = (torch.randn(1, 32, 16, 32, 32), torch.randn(1, 21, 3) * 0.3, torch.randn(1, 21, 3) * 0.3)
+    else:
+        m, args = RegroupedSPADEDecoder(SPADEDecoder().eval().fold_spectral_norm_()), (torch.randn(1, 256, 4, 4),)
+    compiled = torch.compile(m.eval(), backend="eager", fullgraph=True, dynamic=False)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*args), m(*args), rtol=1e-5, atol=1e-6)

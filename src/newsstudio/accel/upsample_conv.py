@@ -19,11 +19,11 @@ The SD VAE decoder of MuseTalk has three such pairs (diffusers ``Upsample2D``): 
 """
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .shared_copy import shared_copy
 
 __all__ = ["PhaseUpsampleConv", "with_phase_upsampling"]
 
@@ -62,11 +62,10 @@ class PhaseUpsampleConv(nn.Module):
             weight, bias = conv.weight, conv.bias
         if weight is None or weight.shape[-2:] != (3, 3) or scale < 2:
             raise ValueError("PhaseUpsampleConv needs a 3x3 conv weight and scale >= 2")
-        w = weight.detach()
-        layout = torch.channels_last if w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous() else torch.contiguous_format
+        w = weight.detach()  # the new weight is NCHW: engines convert the rewritten copy to channels_last when they want it
         self.scale, self.out_channels = int(scale), int(w.shape[0])
         self.offsets = _tap_sums(self.scale)[1]
-        self.weight = nn.Parameter(phase_weights(w, self.scale).to(w.dtype).contiguous(memory_format=layout), requires_grad=False)
+        self.weight = nn.Parameter(phase_weights(w, self.scale).to(w.dtype), requires_grad=False)
         self.bias = nn.Parameter(bias.detach().repeat(self.scale ** 2), requires_grad=False) if bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -109,8 +108,7 @@ def with_phase_upsampling(module: nn.Module) -> tuple[nn.Module, int]:
     :class:`PhaseUpsampleConv`, and how many were replaced. The copy *shares* every other
     parameter and buffer with ``module`` (no second copy of the weights), so ``module`` itself is
     untouched (the reference pipeline of the benchmarks keeps using it)."""
-    memo = {id(t): t for t in (*module.parameters(), *module.buffers())}
-    out = copy.deepcopy(module, memo)
+    out = shared_copy(module)
     count = 0
     for name, child in list(out.named_modules()):
         if _convertible(child):

@@ -302,6 +302,8 @@ class MuseTalkEngine(Engine):
         vae = self.models.vae
         self._post_quant_conv = vae.post_quant_conv if vae.post_quant_conv is not None else torch.nn.Identity()
         self._vae_decoder = with_phase_upsampling(vae.decoder)[0] if self.conv_rewrites else vae.decoder
+        if self.conv_rewrites and self.channels_last:
+            to_channels_last_(self._vae_decoder)
         # UNet + decode run as one static-shape callable per batch bucket: CUDA graphs remove the
         # ~2,500 kernel launches per call (tens of ms) that dominate small batches. Eager on CPU.
         self._face_runner = BucketedRunner(self._faces, self.accel, min_bucket=4, max_bucket=RENDER_BUCKET_MAX)

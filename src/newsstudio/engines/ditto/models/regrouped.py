@@ -21,25 +21,18 @@ SPADE decoder (16 SPADE norms, each ``relu(conv3x3(nearest(seg)))`` then gamma a
 """
 from __future__ import annotations
 
-import copy
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ....accel.depth_sliced_conv3d import DepthSlicedConv3d
+from ....accel.shared_copy import shared_copy
 from ....accel.upsample_conv import PhaseUpsampleConv
 from .blocks import SPADE, SPADEResnetBlock, UpBlock3d
 from .spade_decoder import SPADEDecoder
 from .warping_network import WarpingNetwork
 
 __all__ = ["RegroupedSPADEDecoder", "regrouped_warp"]
-
-
-def _shared_copy(module: nn.Module) -> nn.Module:
-    """A copy of the module tree that shares every parameter and buffer with ``module``."""
-    memo = {id(t): t for t in (*module.parameters(), *module.buffers())}
-    return copy.deepcopy(module, memo)
 
 
 class PhaseUpBlock3d(nn.Module):
@@ -60,7 +53,7 @@ def _misaligned(conv: nn.Conv3d, align: int = 8) -> bool:
 
 def regrouped_warp(warp: WarpingNetwork) -> WarpingNetwork:
     """A copy of ``warp`` (weights shared) with the hourglass rewrites above."""
-    out = _shared_copy(warp)
+    out = shared_copy(warp)
     dense = out.dense_motion_network
     hourglass = dense.hourglass
     if _misaligned(dense.mask):
@@ -81,6 +74,14 @@ def _stacked(convs: list[nn.Conv2d]) -> tuple[torch.Tensor, torch.Tensor]:
             torch.cat([c.bias.detach() if c.bias is not None else c.weight.new_zeros(c.out_channels) for c in convs]))
 
 
+def _conv_from(weight: torch.Tensor, bias: torch.Tensor) -> nn.Conv2d:
+    """A 3x3, padding-1 Conv2d holding these (stacked) weights (NCHW: engines convert the copy)."""
+    conv = nn.Conv2d(weight.shape[1], weight.shape[0], 3, padding=1, device="meta")
+    conv.weight = nn.Parameter(weight.contiguous(), requires_grad=False)
+    conv.bias = nn.Parameter(bias, requires_grad=False)
+    return conv
+
+
 class _StackedConv(nn.Module):
     """Same-input 3x3 convs as one conv (on ``seg`` upsampled by ``scale``: a phase convolution),
     ReLU, split back into each conv's outputs."""
@@ -88,16 +89,12 @@ class _StackedConv(nn.Module):
     def __init__(self, convs: list[nn.Conv2d], scale: int) -> None:
         super().__init__()
         weight, bias = _stacked(convs)
-        layout = torch.channels_last if convs[0].weight.is_contiguous(memory_format=torch.channels_last) \
-            and not convs[0].weight.is_contiguous() else torch.contiguous_format
         self.sizes = [c.out_channels for c in convs]
         self.conv: nn.Module
         if scale > 1:
             self.conv = PhaseUpsampleConv(weight=weight, bias=bias, scale=scale)
         else:
-            self.conv = nn.Conv2d(weight.shape[1], weight.shape[0], 3, padding=1).to(weight.device, weight.dtype)
-            self.conv.weight = nn.Parameter(weight.contiguous(memory_format=layout), requires_grad=False)
-            self.conv.bias = nn.Parameter(bias, requires_grad=False)
+            self.conv = _conv_from(weight, bias)
 
     def forward(self, seg: torch.Tensor) -> list[torch.Tensor]:
         return list(torch.split(F.relu(self.conv(seg)), self.sizes, dim=1))
@@ -111,12 +108,7 @@ class _RegroupedSPADE(nn.Module):
         self.param_free_norm = norm.param_free_norm
         self.channels = norm.mlp_gamma.out_channels
         gamma, beta = norm.mlp_gamma, norm.mlp_beta
-        weight, bias = _stacked([gamma, beta])
-        self.gamma_beta = nn.Conv2d(weight.shape[1], weight.shape[0], 3, padding=1).to(weight.device, weight.dtype)
-        layout = torch.channels_last if gamma.weight.is_contiguous(memory_format=torch.channels_last) \
-            and not gamma.weight.is_contiguous() else torch.contiguous_format
-        self.gamma_beta.weight = nn.Parameter(weight.contiguous(memory_format=layout), requires_grad=False)
-        self.gamma_beta.bias = nn.Parameter(bias, requires_grad=False)
+        self.gamma_beta = _conv_from(*_stacked([gamma, beta]))
 
     def forward(self, x: torch.Tensor, actv: torch.Tensor) -> torch.Tensor:
         gamma, beta = torch.split(self.gamma_beta(actv), self.channels, dim=1)
