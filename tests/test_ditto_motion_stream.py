@@ -30,7 +30,10 @@ class FakeLMDM(nn.Module):
     def x0(self, kp: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
         return torch.tanh(cond @ self.W + (kp @ self.V)[:, None, :])
 
-    def forward(self, x, kp, cond, t):
+    def encode_condition(self, cond):
+        return None
+
+    def forward(self, x, kp, cond, t, encoded=None):
         return x * 0.5, self.x0(kp, cond)
 
 

@@ -117,9 +117,10 @@ class DDIMProgram:
               trace: "DDIMTrace | None" = None) -> Tensor:
         """noise [B, max(S−1, 1), L, F] (batch first, so the runner can bucket it)."""
         b, i = x.shape[0], 0
+        encoded = self.lmdm.encode_condition(aud_cond)  # the condition is the same at every step
         for step, (_, t_next) in enumerate(self.plan.time_pairs):
             t = self._time_conds[step].to(x.device).expand(b)
-            pred_noise, x_start = self.lmdm(x, kp_cond, aud_cond, t)
+            pred_noise, x_start = self.lmdm(x, kp_cond, aud_cond, t, encoded)
             if trace is not None:
                 trace.x_in.append(x)
                 trace.x_start.append(x_start)
@@ -218,10 +219,11 @@ class LMDM(nn.Module):
         return buf.gather(0, t.to(buf.device)).to(like.dtype).reshape(-1, *([1] * (like.dim() - 1)))
 
     def predictions(
-        self, x: Tensor, cond_frame: Tensor, cond: Tensor, time_cond: Tensor
+        self, x: Tensor, cond_frame: Tensor, cond: Tensor, time_cond: Tensor, encoded: tuple[Tensor, Tensor] | None = None
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """(pred_noise, x_start, model_out_cond, model_out_uncond) for one denoising step."""
-        out_c, out_u = self.model.guided_branches(x, cond_frame, cond, time_cond)
+        """(pred_noise, x_start, model_out_cond, model_out_uncond) for one denoising step
+        (``encoded``: the condition already encoded, ``model.encode_cond(cond)``)."""
+        out_c, out_u = self.model.guided_branches(x, cond_frame, cond, time_cond, encoded)
         x_start = out_u + (out_c - out_u) * self.guidance_weight
         if self.clip_denoised:
             x_start = x_start.clamp(-1.0, 1.0)
@@ -230,8 +232,13 @@ class LMDM(nn.Module):
         pred_noise = a * x - x_start / b
         return pred_noise, x_start, out_c, out_u
 
-    def forward(self, x: Tensor, cond_frame: Tensor, cond: Tensor, time_cond: Tensor) -> tuple[Tensor, Tensor]:
-        pred_noise, x_start, _, _ = self.predictions(x, cond_frame, cond, time_cond)
+    def encode_condition(self, cond: Tensor) -> tuple[Tensor, Tensor]:
+        """The audio condition through the condition encoder: once per DDIM loop, not per step."""
+        return self.model.encode_cond(cond)
+
+    def forward(self, x: Tensor, cond_frame: Tensor, cond: Tensor, time_cond: Tensor,
+                encoded: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+        pred_noise, x_start, _, _ = self.predictions(x, cond_frame, cond, time_cond, encoded)
         return pred_noise, x_start
 
 

@@ -237,8 +237,9 @@ class MotionDecoder(nn.Module):
             xin = torch.cat([x, cond_frame[:, None, :].expand(-1, x.shape[1], -1)], dim=-1)
         return self.input_projection(xin)
 
-    def _encode_cond(self, cond_embed: Tensor) -> tuple[Tensor, Tensor]:
-        """Condition tokens [B, 80, D] (after the encoder) and their pooled FiLM vector [B, D]."""
+    def encode_cond(self, cond_embed: Tensor) -> tuple[Tensor, Tensor]:
+        """Condition tokens [B, 80, D] (after the encoder) and their pooled FiLM vector [B, D]. They
+        depend on the condition only: a DDIM loop encodes once and hands them to every step."""
         tokens = self.cond_projection(cond_embed)
         rope = self.rotary.table(tokens.shape[1], tokens.device, tokens.dtype)
         for layer in self.cond_encoder:
@@ -276,7 +277,7 @@ class MotionDecoder(nn.Module):
         values in between drop per sample (random, from ``generator``)."""
         b = x.shape[0]
         h = self._project_input(x, cond_frame)
-        cond_tokens, cond_hidden = self._encode_cond(cond_embed)
+        cond_tokens, cond_hidden = self.encode_cond(cond_embed)
         if cond_drop_prob > 0.0:
             if cond_drop_prob >= 1.0:
                 keep = torch.zeros(b, dtype=torch.bool, device=x.device)
@@ -288,11 +289,13 @@ class MotionDecoder(nn.Module):
         t, t_tokens = self._time(times, h.dtype)
         return self._decode(h, cond_tokens, t_tokens, t + cond_hidden)
 
-    def guided_branches(self, x: Tensor, cond_frame: Tensor, cond_embed: Tensor, times: Tensor) -> tuple[Tensor, Tensor]:
-        """(conditional, unconditional) outputs from one batched decoder pass of size 2B."""
+    def guided_branches(self, x: Tensor, cond_frame: Tensor, cond_embed: Tensor, times: Tensor,
+                        encoded: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+        """(conditional, unconditional) outputs from one batched decoder pass of size 2B
+        (``encoded``: ``encode_cond(cond_embed)`` when the caller has it already)."""
         b = x.shape[0]
         h = self._project_input(x, cond_frame)
-        cond_tokens, cond_hidden = self._encode_cond(cond_embed)
+        cond_tokens, cond_hidden = encoded if encoded is not None else self.encode_cond(cond_embed)
         t, t_tokens = self._time(times, h.dtype)
         null_tokens = self.null_cond_embed.to(cond_tokens.dtype).expand(b, -1, -1)
         null_hidden = self.null_cond_hidden.to(cond_hidden.dtype).expand(b, -1)
