@@ -65,7 +65,10 @@ class TwoPassCFG(nn.Module):
     def alphas_cumprod(self) -> torch.Tensor:
         return self.inner.alphas_cumprod
 
-    def forward(self, x, cond_frame, cond, time_cond):
+    def encode_condition(self, cond):
+        return None  # the official code encodes the condition inside every pass
+
+    def forward(self, x, cond_frame, cond, time_cond, encoded=None):
         m = self.inner
         out_c = m.model(x, cond_frame, cond, time_cond, cond_drop_prob=0.0)
         out_u = m.model(x, cond_frame, cond, time_cond, cond_drop_prob=1.0)
