@@ -244,13 +244,15 @@ def main() -> None:
                     help="run the clients in this many child processes (the server here keeps its CPU)")
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args()
+    t0 = time.monotonic()
     args.sessions = [int(x) for x in args.sessions.split(",") if x]
     pcm, sr = load_speech(args.speech)
     url = args.url
     if url is None:
         url, _server = start_server(args)
     health = httpx.get(url + "/health", timeout=30).json()
-    print(f"server {url}: device {health['device']}, default engine {health['default_engine']}; {args.format} chunks of {args.chunk_frames} frames, {args.duration:.0f} s per level", file=sys.stderr)
+    print(f"server {url} ready after {time.monotonic() - t0:.0f} s: device {health['device']}, default engine "
+          f"{health['default_engine']}; {args.format} chunks of {args.chunk_frames} frames, {args.duration:.0f} s per level", file=sys.stderr)
     cols = [("sessions", "d"), ("sustained", "d"), ("errors", "d"), ("fps_min", ".1f"), ("fps_median", ".1f"), ("jitter_p95_ms", ".1f"), ("late_p50_ms", ".1f"),
             ("late_p95_ms", ".1f"), ("late_max_ms", ".1f"), ("server_fps", ".1f"), ("speaking_share", ".2f"), ("rss_before_mb", ".0f"),
             ("rss_peak_mb", ".0f"), ("rss_after_mb", ".0f"), ("gpu_before_mb", ".0f"), ("gpu_peak_mb", ".0f"), ("gpu_after_mb", ".0f"),
@@ -258,9 +260,11 @@ def main() -> None:
     print(" | ".join(name for name, _ in cols), flush=True)
     rows = []
     for n in args.sessions:  # each level's row as soon as it is measured: a run cut short keeps them
+        print(f"[{time.monotonic() - t0:.0f} s] level of {n} sessions starts", file=sys.stderr, flush=True)
         rows.append(asyncio.run(run_level(url, n, args, pcm, sr)))
         r = rows[-1]
-        print(f"  {n} sessions: {r['sustained']} sustained, {r['errors']} errors {r['error_samples'] or ''}", file=sys.stderr)
+        print(f"[{time.monotonic() - t0:.0f} s] {n} sessions: {r['sustained']} sustained, {r['errors']} errors {r['error_samples'] or ''}",
+              file=sys.stderr)
         print(" | ".join(f"{r[name]:>{len(name)}{fmt}}" for name, fmt in cols), flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
