@@ -202,7 +202,7 @@ def segment_mp4_figures(engine, packet, audio, fps: int, chunk: int, out_path: P
         t0 = time.perf_counter()
         with Mp4Writer(out_path, w, h, fps, audio=audio, pixel_input="nv12", **mp4_options(spec)) as wr:
             for ch in stream_generator(engine, packet, audio, fps=fps, chunk_frames=chunk, output="nv12"):
-                wr.write(ch["frames"])
+                wr.write(ch["frames"], owned=True)  # fresh per chunk
         return time.perf_counter() - t0
 
     by = {spec: median([to_mp4(spec) for _ in range(max(1, repeat))]) for spec in specs.split(",")}

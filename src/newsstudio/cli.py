@@ -193,7 +193,7 @@ def render(
             for ch in stream_generator(eng, packet, sound, fps=fps, chunk_frames=chunk, output="nv12"):
                 if first is None:
                     first = time.perf_counter() - t_start
-                writer.write(ch["frames"])
+                writer.write(ch["frames"], owned=True)  # fresh per chunk
                 n += ch["num_frames"]
                 bar.update(ch["num_frames"])
             bar.close()

@@ -273,13 +273,16 @@ class Mp4Writer:
 
     # -- writing -----------------------------------------------------------------------
 
-    def write(self, frames: np.ndarray | torch.Tensor) -> int:
+    def write(self, frames: np.ndarray | torch.Tensor, *, owned: bool = False) -> int:
         """Encode a batch (or a single frame); returns the total frames written so far.
 
         NV12: ``(B, H*3//2, W)`` or ``(H*3//2, W)``; RGB: ``(B, H, W, 3)`` or ``(H, W, 3)``;
         uint8, numpy or torch. CPU RGB is converted by swscale in its exact mode (2x2 area
         chroma, accurate rounding: within one code value of :func:`rgb_to_nv12`, at SIMD
         speed); GPU RGB is converted on the GPU and only the (half-size) NV12 is copied.
+        ``owned``: the caller hands the frames over and will not change them (each stream chunk
+        is a fresh array), so parallel segments keep them instead of copying 3 MB per 1080p
+        frame on the caller's thread; frames from the GPU are always owned (they arrive as copies).
         """
         if self._closed:
             raise ValueError(f"{self.path}: write() after close()")
@@ -290,20 +293,22 @@ class Mp4Writer:
                 raise TypeError(f"frames must be uint8, got {frames.dtype}")
             batch = _to_numpy_uint8(rgb_to_nv12(frames.detach())).reshape(-1, h * 3 // 2, w)
             make = _nv12_frame
+            owned = True
         elif self.pixel_input == "rgb":
             batch = _to_numpy_uint8(frames)
             self._check_shape(batch.shape, (h, w, 3), "RGB")
             batch = batch.reshape(-1, h, w, 3)
             make = _rgb_frame_to_nv12
         else:
+            owned = owned or (isinstance(frames, torch.Tensor) and frames.device.type != "cpu")
             batch = _to_numpy_uint8(frames)
             self._check_shape(batch.shape, (h * 3 // 2, w), "NV12")
             batch = batch.reshape(-1, h * 3 // 2, w)
             make = _nv12_frame
         batch = np.ascontiguousarray(batch)  # no copy unless the caller passed a strided view
         try:
-            if self._pool is not None:  # the caller may reuse its buffers: segments keep copies
-                self._pending += [(make, image.copy()) for image in batch]
+            if self._pool is not None:  # unless handed over, the caller may reuse its buffers: segments keep copies
+                self._pending += [(make, image if owned else image.copy()) for image in batch]
                 self._submit(final=False)
                 return self.frames_written + len(self._pending) + sum(n for n, _ in self._segments)
             for image in batch:

@@ -262,7 +262,7 @@ def create_app(cfg: ServerConfig | None = None) -> FastAPI:
             job.update(0.0, f"rendering 0/{total} frames")
             with Mp4Writer(out, w, h, rate, audio=sound, pixel_input="nv12", metadata={"comment": f"newsstudio {name}"}) as wr:
                 for ch in stream_generator(eng, packet, sound, fps=rate, chunk_frames=16, output="nv12"):
-                    wr.write(ch["frames"])
+                    wr.write(ch["frames"], owned=True)  # fresh per chunk
                     n += ch["num_frames"]
                     state.metrics.add_frames(ch["num_frames"])
                     job.update(0.97 * n / total, f"rendering {n}/{total} frames")
