@@ -165,7 +165,7 @@ async def run_level(url: str, n: int, args, pcm, sr) -> dict:
             tasks = [loop.run_in_executor(pool, client_group, url, m, vars(args), pcm, sr, args.duration) for m in sizes]
         else:
             tasks = [asyncio.ensure_future(client(url, args, pcm, sr, s, stop)) for s in stats]
-        peak_rss, peak_gpu, fps_seen = before["rss_bytes"] or 0, 0, []
+        peak_rss, peak_gpu, fps_seen, lag_p95, lag_max = before["rss_bytes"] or 0, 0, [], [], 0.0
         t_end = time.monotonic() + args.duration
         while time.monotonic() < t_end:
             await asyncio.sleep(1.0)
@@ -173,6 +173,9 @@ async def run_level(url: str, n: int, args, pcm, sr) -> dict:
             peak_rss = max(peak_rss, m["rss_bytes"] or 0)
             peak_gpu = max([peak_gpu] + [g["allocated_bytes"] for g in (m["gpu"] or [])])
             fps_seen.append(m["fps"])
+            lag = m.get("event_loop_lag") or {}
+            lag_p95.append(lag.get("p95_ms", 0.0))
+            lag_max = max(lag_max, lag.get("max_ms", 0.0))
         stop.set()
         results = await asyncio.gather(*tasks)
         if pool is not None:
@@ -198,14 +201,23 @@ async def run_level(url: str, n: int, args, pcm, sr) -> dict:
             sustained += 1
     lat = np.array(lates or [0.0])
     gpu = lambda m: sum(g["allocated_bytes"] for g in (m["gpu"] or []))  # noqa: E731
-    # the render batcher over this level: how big its batches were, how long requests queued, how busy it was
+    # the shared batchers over this level: how big the render batches were, how long render requests
+    # queued, and how busy each batcher's thread was (render; the streams' audio encoders; Ditto's LMDM)
     rb_before, rb_after = before.get("render_batching") or {}, after.get("render_batching") or {}
-    d = {k: sum(rb_after[e][k] - rb_before.get(e, {}).get(k, 0) for e in rb_after)
-         for k in ("requests", "batches", "frames", "wait_s_total", "busy_s_total")} if rb_after else {}
+
+    def delta(stage: str | None) -> dict[str, float]:
+        names = [e for e in rb_after if (e.split("/", 1)[1] if "/" in e else None) == stage]
+        return {k: sum(rb_after[e][k] - rb_before.get(e, {}).get(k, 0) for e in names)
+                for k in ("requests", "batches", "frames", "wait_s_total", "busy_s_total")} if names else {}
+
+    d, audio, motion = delta(None), delta("audio"), delta("motion")
     batching = {
         "batch_frames_mean": d["frames"] / d["batches"] if d.get("batches") else 0.0,
         "render_wait_ms_mean": 1e3 * d["wait_s_total"] / d["requests"] if d.get("requests") else 0.0,
         "render_busy_share": d["busy_s_total"] / args.duration if d else 0.0,
+        "audio_busy_share": audio["busy_s_total"] / args.duration if audio else 0.0,
+        "audio_rows_per_call": audio["frames"] / audio["batches"] if audio.get("batches") else 0.0,
+        "motion_busy_share": motion["busy_s_total"] / args.duration if motion else 0.0,
     }
     return {
         **batching,
@@ -215,6 +227,7 @@ async def run_level(url: str, n: int, args, pcm, sr) -> dict:
         "jitter_p95_ms": float(np.percentile(jitters or [0.0], 95) * 1000),
         "late_p50_ms": float(np.percentile(lat, 50) * 1000), "late_p95_ms": float(np.percentile(lat, 95) * 1000), "late_max_ms": float(lat.max() * 1000),
         "server_fps": statistics.median(fps_seen[1:] or fps_seen or [0.0]),
+        "loop_lag_p95_ms": statistics.median(lag_p95[1:] or lag_p95 or [0.0]), "loop_lag_max_ms": lag_max,
         "speaking_share": sum(s["speaking"] for s in stats) / max(1, sum(s["frames"] for s in stats)),
         "rss_before_mb": (before["rss_bytes"] or 0) / 1e6, "rss_peak_mb": peak_rss / 1e6, "rss_after_mb": (after["rss_bytes"] or 0) / 1e6,
         "gpu_before_mb": gpu(before) / 1e6, "gpu_peak_mb": peak_gpu / 1e6, "gpu_after_mb": gpu(after) / 1e6,
@@ -254,9 +267,10 @@ def main() -> None:
     print(f"server {url} ready after {time.monotonic() - t0:.0f} s: device {health['device']}, default engine "
           f"{health['default_engine']}; {args.format} chunks of {args.chunk_frames} frames, {args.duration:.0f} s per level", file=sys.stderr)
     cols = [("sessions", "d"), ("sustained", "d"), ("errors", "d"), ("fps_min", ".1f"), ("fps_median", ".1f"), ("jitter_p95_ms", ".1f"), ("late_p50_ms", ".1f"),
-            ("late_p95_ms", ".1f"), ("late_max_ms", ".1f"), ("server_fps", ".1f"), ("speaking_share", ".2f"), ("rss_before_mb", ".0f"),
+            ("late_p95_ms", ".1f"), ("late_max_ms", ".1f"), ("server_fps", ".1f"), ("loop_lag_p95_ms", ".1f"), ("loop_lag_max_ms", ".0f"), ("speaking_share", ".2f"), ("rss_before_mb", ".0f"),
             ("rss_peak_mb", ".0f"), ("rss_after_mb", ".0f"), ("gpu_before_mb", ".0f"), ("gpu_peak_mb", ".0f"), ("gpu_after_mb", ".0f"),
-            ("batch_frames_mean", ".1f"), ("render_wait_ms_mean", ".1f"), ("render_busy_share", ".2f")]
+            ("batch_frames_mean", ".1f"), ("render_wait_ms_mean", ".1f"), ("render_busy_share", ".2f"), ("audio_busy_share", ".2f"),
+            ("audio_rows_per_call", ".1f"), ("motion_busy_share", ".2f")]
     print(" | ".join(name for name, _ in cols), flush=True)
     rows = []
     for n in args.sessions:  # each level's row as soon as it is measured: a run cut short keeps them

@@ -130,3 +130,36 @@ def test_streamed_speech_interrupt_and_close(setup):
     del s
     gc.collect()
     assert all(r() is None for r in refs), f"{name}: session objects survive close()"
+
+
+def test_speech_input_work_never_holds_up_frames(setup):
+    """The engine's work on pushed speech (Whisper / HuBERT + LMDM) runs outside the session
+    lock: a frame asked for while a long push is being processed comes at once, not after it."""
+    import threading
+    import time
+
+    name, eng, packet = setup
+    s, ts = _session(eng, packet, prebuffer_s=0.12, render_ahead=1)
+    _collect(s, ts, 0.12)  # the idle frame is rendered (and cached) before the push
+    timings: dict[str, float] = {}
+
+    def push():
+        t0 = time.perf_counter()
+        s.push_speech(_speechlike(3.0, SR), SR)  # one long message: features (+ motion) for 3 s
+        timings["push"] = time.perf_counter() - t0
+
+    worker = threading.Thread(target=push)
+    worker.start()
+    deadline = time.monotonic() + 30
+    while s._current is None:  # the utterance exists: the push is inside the engine's work now
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    t0 = time.perf_counter()
+    frame = s.video_frames(s.video_cursor, 1)
+    waited = time.perf_counter() - t0
+    pushing = worker.is_alive()
+    worker.join()
+    assert frame.shape[0] == 1
+    assert timings["push"] > 0.05, f"{name}: the push was too quick ({timings['push']:.3f} s) to show anything"
+    assert pushing and waited < timings["push"] / 2, (name, waited, timings["push"])
+    s.close()

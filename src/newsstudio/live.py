@@ -268,45 +268,88 @@ class Utterance:
         self._driving: list[torch.Tensor] = []
         self._driving_base = 0  # index of the first kept driving frame
         self._driving_count = 0
+        self.input_ended = False  # no more input is taken (set under the session lock)
+        # The engine's share of the input (resampler to the model rate, conditioner, driver) runs
+        # under its own lock, outside the session lock: a Whisper/HuBERT/LMDM call on one thread
+        # never holds up that session's rendering, playback or another session's network I/O.
+        self._model_lock = threading.Lock()
+        self._rows_lock = threading.Lock()  # the driving rows (appended by the feeder, read by renders)
 
     # -- input
     def feed(self, mono: np.ndarray) -> None:
-        if self.closed:
+        """Input PCM for both tracks, on the calling thread."""
+        self.feed_model(self.feed_output(mono))
+
+    def feed_output(self, mono: np.ndarray) -> np.ndarray:
+        """The playback track's share of input PCM (cheap: called under the session lock).
+        Returns the mono float32 samples for `feed_model`."""
+        if self.input_ended:
             raise SessionError("this utterance's input already ended")
         mono = np.ascontiguousarray(np.asarray(mono, np.float32).reshape(-1))
+        if mono.size:
+            self.out.append(mono if self._to_out is None else self._to_out.resample_chunk(mono, last=False))
+        return mono
+
+    def feed_model(self, mono: np.ndarray) -> None:
+        """The engine's share: model-rate resampling, conditioner and driver (the heavy part, run
+        outside the session lock; pushes of one utterance must come from one producer in order)."""
         if not mono.size:
             return
-        self.n_src += mono.size
-        model = mono if self._to_model is None else self._to_model.resample_chunk(mono, last=False)
-        if model.size:
-            self.conditioner.push(np.asarray(model, np.float32))
-        self.out.append(mono if self._to_out is None else self._to_out.resample_chunk(mono, last=False))
+        with self._model_lock:
+            self.n_src += mono.size
+            model = mono if self._to_model is None else self._to_model.resample_chunk(mono, last=False)
+            if model.size:
+                self.conditioner.push(np.asarray(model, np.float32))
+            self._pump_locked()
 
-    def finish(self) -> None:
-        """No more input: flush the resamplers and the look-ahead of conditioner and driver."""
-        if self.closed:
+    def end_input(self) -> None:
+        """No more input (under the session lock): flush the playback resampler."""
+        if self.input_ended:
             return
-        self.closed = True
-        if self._to_model is not None:
-            tail = self._to_model.resample_chunk(np.zeros(0, np.float32), last=True)
-            if tail.size:
-                self.conditioner.push(np.asarray(tail, np.float32))
+        self.input_ended = True
         if self._to_out is not None:
             self.out.append(self._to_out.resample_chunk(np.zeros(0, np.float32), last=True))
-        self.conditioner.close()
-        self._pump()
-        self.driver.close()
-        self._pump()
-        self.total_frames = max(1, frames_for_samples(self.n_src, self.src_rate, self.fps))
 
-    def _pump(self) -> None:
+    def finish_model(self) -> None:
+        """Flush the model resampler and the look-ahead of conditioner and driver (heavy: outside
+        the session lock). Sets `total_frames`, then `closed`."""
+        with self._model_lock:
+            if self.closed:
+                return
+            if self._to_model is not None:
+                tail = self._to_model.resample_chunk(np.zeros(0, np.float32), last=True)
+                if tail.size:
+                    self.conditioner.push(np.asarray(tail, np.float32))
+            self.conditioner.close()
+            self._pump_locked()
+            self.driver.close()
+            self._pump_locked()
+            self.total_frames = max(1, frames_for_samples(self.n_src, self.src_rate, self.fps))
+            self.closed = True
+
+    def finish(self) -> None:
+        """No more input: both tracks, on the calling thread."""
+        self.end_input()
+        self.finish_model()
+
+    def _pump_locked(self) -> None:
         n = self.conditioner.ready
         if n:
             self.driver.push(self.conditioner.take(n))
         m = self.driver.ready
         if m:
-            self._driving.append(self.driver.take(m))
-            self._driving_count += m
+            rows = self.driver.take(m)
+            with self._rows_lock:
+                self._driving.append(rows)
+                self._driving_count += m
+
+    def _pump(self) -> None:
+        """Move ready rows along unless the feeder is busy (its rows arrive when it is done)."""
+        if self._model_lock.acquire(blocking=False):
+            try:
+                self._pump_locked()
+            finally:
+                self._model_lock.release()
 
     def ready_frames(self) -> int:
         """Local frames whose driving signal exists."""
@@ -372,19 +415,25 @@ class Utterance:
     def driving(self, j: int, n: int, session: "LiveSession") -> torch.Tensor:
         """Driving frames [j, j+m), 1 <= m <= n, of what is ready (the caller checked j is)."""
         self._pump()
-        if self.total_frames is not None:
-            n = min(n, self.total_frames - j)
-        avail = self._driving_count - j
-        if avail <= 0:  # input ended and the engine produced fewer frames than the audio spans
-            return self._hold(n, session)
-        n = min(n, avail)
+        with self._rows_lock:
+            if self.total_frames is not None:
+                n = min(n, self.total_frames - j)
+            avail = self._driving_count - j
+            if avail <= 0:  # input ended and the engine produced fewer frames than the audio spans
+                return self._hold(n, session)
+            n = min(n, avail)
+            cat = self._joined()
+            return cat[j - self._driving_base : j - self._driving_base + n]
+
+    def _joined(self) -> torch.Tensor:
+        """The kept driving rows as one tensor (under `_rows_lock`)."""
         cat = torch.cat(self._driving) if len(self._driving) > 1 else self._driving[0]
         self._driving = [cat]
-        return cat[j - self._driving_base : j - self._driving_base + n]
+        return cat
 
     def _hold(self, n: int, session: "LiveSession") -> torch.Tensor:
-        if self._driving_count:
-            cat = torch.cat(self._driving) if len(self._driving) > 1 else self._driving[0]
+        if self._driving_count and self._driving:
+            cat = self._joined()
             return cat[-1:].expand(n, *cat.shape[1:]).clone()
         idle = session.engine.idle_driving(n)
         if idle is None:
@@ -392,13 +441,13 @@ class Utterance:
         return idle
 
     def release_driving_before(self, j: int) -> None:
-        cut = min(j, self._driving_count) - self._driving_base
-        if cut <= 0 or not self._driving:
-            return
-        cat = torch.cat(self._driving) if len(self._driving) > 1 else self._driving[0]
-        rest = cat[cut:]
-        self._driving = [rest.clone()] if rest.shape[0] else []
-        self._driving_base += cut
+        with self._rows_lock:
+            cut = min(j, self._driving_count) - self._driving_base
+            if cut <= 0 or not self._driving:
+                return
+            rest = self._joined()[cut:]
+            self._driving = [rest.clone()] if rest.shape[0] else []
+            self._driving_base += cut
 
 
 # --------------------------------------------------------------------------------------
@@ -558,7 +607,11 @@ class LiveSession:
             return utt.id
 
     def push_speech(self, pcm: np.ndarray, sample_rate: int | None = None) -> None:
-        """Append streamed PCM (mono, or (channels, n)); starts an utterance if none is open."""
+        """Append streamed PCM (mono, or (channels, n)); starts an utterance if none is open.
+
+        The engine's work on it (features, motion) runs on the calling thread but outside the
+        session lock, so frames keep flowing meanwhile; a server calls this off its event loop.
+        Pushes of one stream must come from one producer, in order."""
         arr = np.asarray(pcm)
         if arr.size == 0:
             return
@@ -567,18 +620,25 @@ class LiveSession:
         with self._lock:
             self._check_open()
             u = self._current
-            if u is None or not u.streamed or u.closed or u.src_rate != a.sample_rate:
+            if u is None or not u.streamed or u.input_ended or u.src_rate != a.sample_rate:
                 u = Utterance(self, a.sample_rate, streamed=True)
                 self._replace(u)
-            u.feed(mono)
-            self._maybe_start(u)
+            mono = u.feed_output(mono)
+        u.feed_model(mono)
+        with self._lock:
+            if not self._closed:
+                self._maybe_start(u)
 
     def end_speech(self) -> None:
         """The streamed utterance's input ended: play out what arrived, then idle."""
         with self._lock:
             u = self._current
-            if u is not None and u.streamed and not u.closed:
-                u.finish()
+            if u is None or not u.streamed or u.input_ended:
+                return
+            u.end_input()
+        u.finish_model()  # the engine's look-ahead, outside the session lock
+        with self._lock:
+            if not self._closed:
                 self._maybe_start(u)
 
     def interrupt(self) -> dict[str, Any]:

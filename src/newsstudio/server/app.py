@@ -9,6 +9,7 @@ reached over WebRTC (POST /webrtc/offer) or the WebSocket protocol at /ws. OpenA
 """
 from __future__ import annotations
 
+import asyncio
 import io
 import logging
 import math
@@ -52,6 +53,15 @@ _SIZE = re.compile(r"^(\d{2,5})x(\d{2,5})$")
 ERRORS = {400: {"model": m.ErrorBody}, 404: {"model": m.ErrorBody}, 409: {"model": m.ErrorBody}, 413: {"model": m.ErrorBody}, 415: {"model": m.ErrorBody}, 422: {"model": m.ErrorBody}, 503: {"model": m.ErrorBody}}
 
 
+async def _watch_loop_lag(metrics, period_s: float = 0.02) -> None:
+    """Sample how late the event loop wakes from a short sleep (blocking work on the loop shows here)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        t0 = loop.time()
+        await asyncio.sleep(period_s)
+        metrics.add_loop_lag(max(0.0, loop.time() - t0 - period_s))
+
+
 def create_app(cfg: ServerConfig | None = None) -> FastAPI:
     cfg = cfg or ServerConfig()
     state = ServerState(cfg)
@@ -63,7 +73,9 @@ def create_app(cfg: ServerConfig | None = None) -> FastAPI:
                 await run_in_threadpool(state.engines.get, None)
             except Exception as e:  # noqa: BLE001 - reported by /health, the server still serves
                 log.warning("default engine failed to load: %s", e)
+        monitor = asyncio.ensure_future(_watch_loop_lag(state.metrics))
         yield
+        monitor.cancel()
         await app.state.webrtc.close_all()
         state.close()
 
@@ -116,6 +128,7 @@ def create_app(cfg: ServerConfig | None = None) -> FastAPI:
             rss_bytes=rss_bytes(),
             gpu=state.gpu_memory(),
             render_batching={k: m.BatchingInfo(**v) for k, v in state.engines.batcher_stats().items()},
+            event_loop_lag=m.LoopLag(**state.metrics.loop_lag()),
             sessions=[m.SessionInfo(**s.info()) for s in state.sessions.list() if not s.closed],
         )
 

@@ -93,6 +93,14 @@ class BatchingInfo(BaseModel):
     busy_s_total: float = Field(description="Seconds the render thread spent in engine calls (GPU: dispatch time).")
 
 
+class LoopLag(BaseModel):
+    """How late the server's event loop wakes from a 20 ms sleep: work that blocks the loop delays
+    every session's frames and messages by as much."""
+    p95_ms: float = Field(description="95th percentile over the last 5 s.")
+    max_ms: float = Field(description="Worst over the last 5 s.")
+    max_since_start_ms: float
+
+
 class Metrics(BaseModel):
     uptime_s: float
     fps: float = Field(description="Frames handed to clients per second, all sessions and jobs, last 5 s.")
@@ -108,6 +116,7 @@ class Metrics(BaseModel):
     gpu: list[GpuMemory] | None = Field(description="Per CUDA device; null without CUDA.")
     render_batching: dict[str, BatchingInfo] = Field(
         default_factory=dict, description="Per engine: how live sessions' renders were merged into shared batches.")
+    event_loop_lag: LoopLag
     sessions: list[SessionInfo]
 
 

@@ -66,6 +66,8 @@ class Metrics:
         self.rejected_sessions = 0
         self.ws_slow_closes = 0
         self._events: deque[tuple[float, int]] = deque()
+        self._lags: deque[tuple[float, float]] = deque()
+        self.loop_lag_max_s = 0.0
         self._lock = threading.Lock()
         self.started = time.time()
 
@@ -79,6 +81,25 @@ class Metrics:
     def _trim(self, now: float) -> None:
         while self._events and self._events[0][0] < now - self.window_s:
             self._events.popleft()
+
+    def add_loop_lag(self, lag_s: float) -> None:
+        """One event-loop lag sample: how late a short sleep woke up (work blocking the loop
+        delays every session's frames and messages by as much)."""
+        now = time.monotonic()
+        with self._lock:
+            self._lags.append((now, lag_s))
+            while self._lags and self._lags[0][0] < now - self.window_s:
+                self._lags.popleft()
+            self.loop_lag_max_s = max(self.loop_lag_max_s, lag_s)
+
+    def loop_lag(self) -> dict[str, float]:
+        """Event-loop lag over the last window (p95, max) and since start (max), in ms."""
+        with self._lock:
+            lags = sorted(v for _, v in self._lags)
+            worst = self.loop_lag_max_s
+        p95 = lags[min(len(lags) - 1, int(0.95 * len(lags)))] if lags else 0.0
+        return {"p95_ms": round(p95 * 1e3, 3), "max_ms": round((lags[-1] if lags else 0.0) * 1e3, 3),
+                "max_since_start_ms": round(worst * 1e3, 3)}
 
     def fps(self) -> float:
         now = time.monotonic()
@@ -110,6 +131,9 @@ class ServerState:
         self.metrics = Metrics()
         self.tts = EspeakTts()
         self.render_pool = ThreadPoolExecutor(max_workers=max(4, cfg.max_sessions + 2), thread_name_prefix="newsstudio-live")
+        # speech input (features, motion) runs here, never on the event loop: one call per stream
+        # at a time, so a thread per session suffices
+        self.speech_pool = ThreadPoolExecutor(max_workers=max(4, cfg.max_sessions + 2), thread_name_prefix="newsstudio-speech")
         self.pending_avatars: set[str] = set()
         self.lock = threading.Lock()
         self.started = time.time()
@@ -187,6 +211,7 @@ class ServerState:
         self.engines.close()
         self.jobs.shutdown()
         self.render_pool.shutdown(wait=False, cancel_futures=True)
+        self.speech_pool.shutdown(wait=False, cancel_futures=True)
 
 
 def rss_bytes() -> int | None:

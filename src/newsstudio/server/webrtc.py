@@ -181,28 +181,51 @@ class WebRtcHub:
             task = asyncio.ensure_future(push_state())
             channel.on("close", task.cancel)
 
+            # Speech input runs on the speech pool, never on the event loop, one message at a
+            # time in arrival order (an interrupt after speech cuts it only after it was fed).
+            inbox: asyncio.Queue = asyncio.Queue()
+            loop = asyncio.get_running_loop()
+
+            def report(e: Exception) -> None:
+                try:
+                    channel.send(json.dumps({"type": "error", "message": str(e)}))
+                except Exception:  # noqa: BLE001
+                    pass
+
+            async def consume() -> None:
+                while True:
+                    kind, pcm = await inbox.get()
+                    try:
+                        if kind == "pcm":
+                            await loop.run_in_executor(state.speech_pool, session.push_speech, pcm, 48000)
+                        elif kind == "speech_end":
+                            await loop.run_in_executor(state.speech_pool, session.end_speech)
+                        elif kind == "interrupt":
+                            channel.send(json.dumps({"type": "interrupted", **session.interrupt()}))
+                    except (ValueError, SessionError) as e:
+                        report(e)
+                    except Exception:  # noqa: BLE001 - the peer may be gone; the session's close handles the rest
+                        log.exception("session %s: speech input failed", session.id)
+
+            consumer = asyncio.ensure_future(consume())
+            channel.on("close", consumer.cancel)
+
             @channel.on("message")
             def _message(msg) -> None:
                 try:
                     if isinstance(msg, (bytes, bytearray)):
                         if len(msg) % 2:
                             return
-                        session.push_speech(np.frombuffer(bytes(msg), "<i2"), 48000)
+                        inbox.put_nowait(("pcm", np.frombuffer(bytes(msg), "<i2")))
                         return
                     data = json.loads(msg)
                     kind = data.get("type")
-                    if kind == "interrupt":
-                        info = session.interrupt()
-                        channel.send(json.dumps({"type": "interrupted", **info}))
-                    elif kind == "speech_end":
-                        session.end_speech()
+                    if kind in ("interrupt", "speech_end"):
+                        inbox.put_nowait((kind, None))
                     elif kind == "ping":
                         channel.send(json.dumps({"type": "pong", "t": data.get("t"), "server_time": time.time()}))
-                except (ValueError, SessionError) as e:
-                    try:
-                        channel.send(json.dumps({"type": "error", "message": str(e)}))
-                    except Exception:  # noqa: BLE001
-                        pass
+                except ValueError as e:
+                    report(e)
 
         async def watchdog() -> None:
             await asyncio.sleep(state.cfg.webrtc_connect_timeout_s)

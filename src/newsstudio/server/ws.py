@@ -91,17 +91,18 @@ def register_ws(app: FastAPI, state: ServerState) -> None:
         if format not in ("s16le", "f32le") or not 8000 <= sample_rate <= 192000:
             await ws.close(CLOSE_POLICY, "format must be s16le or f32le and sample_rate 8000..192000")
             return
+        loop = asyncio.get_running_loop()
         try:
             while True:
                 msg = await ws.receive()
                 if msg["type"] == "websocket.disconnect":
                     break
                 if msg.get("bytes") is not None:
-                    session.push_speech(_pcm(msg["bytes"], format), sample_rate)
+                    await loop.run_in_executor(state.speech_pool, session.push_speech, _pcm(msg["bytes"], format), sample_rate)
                 elif msg.get("text") is not None:
                     kind = json.loads(msg["text"]).get("type")
                     if kind == "speech_end":
-                        session.end_speech()
+                        await loop.run_in_executor(state.speech_pool, session.end_speech)
                     elif kind == "interrupt":
                         session.interrupt()
         except (ValueError, SessionError) as e:
@@ -109,7 +110,7 @@ def register_ws(app: FastAPI, state: ServerState) -> None:
         except WebSocketDisconnect:
             pass
         try:
-            session.end_speech()
+            await loop.run_in_executor(state.speech_pool, session.end_speech)
         except SessionError:
             pass
 
@@ -235,6 +236,7 @@ class WsSession:
     async def _receive(self) -> None:
         s = self.session
         assert s is not None
+        loop = asyncio.get_running_loop()
         while self.closing is None:
             msg = await self.ws.receive()
             if msg["type"] == "websocket.disconnect":
@@ -243,8 +245,8 @@ class WsSession:
                 data = msg["bytes"]
                 if len(data) > MAX_PCM_MESSAGE:
                     raise _Protocol(CLOSE_POLICY, f"PCM messages are limited to {MAX_PCM_MESSAGE} bytes")
-                try:
-                    s.push_speech(_pcm(data, self.opts["pcm"]), self.opts["sample_rate"])
+                try:  # off the event loop: the engine's feature/motion work for this speech runs here
+                    await loop.run_in_executor(self.state.speech_pool, s.push_speech, _pcm(data, self.opts["pcm"]), self.opts["sample_rate"])
                 except ValueError as e:
                     raise _Protocol(CLOSE_POLICY, str(e)) from None
                 continue
@@ -254,7 +256,7 @@ class WsSession:
                 raise _Protocol(CLOSE_UNSUPPORTED, "control messages must be JSON") from None
             kind = d.get("type") if isinstance(d, dict) else None
             if kind == "speech_end":
-                s.end_speech()
+                await loop.run_in_executor(self.state.speech_pool, s.end_speech)
             elif kind == "interrupt":
                 info = s.interrupt()
                 await self._text({"type": "interrupted", **info})
