@@ -45,6 +45,7 @@ def start_server(args) -> tuple[str, object]:
     from skimage import data
 
     from newsstudio.server.app import ServerConfig, create_app
+    from newsstudio.server.serve import uvicorn_config
 
     from .common import avatar
 
@@ -57,7 +58,7 @@ def start_server(args) -> tuple[str, object]:
                        batch_sessions=not args.no_batch)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(cfg), log_level="warning"))
+    server = uvicorn.Server(uvicorn_config(create_app(cfg), log_level="warning"))
     threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
     while not server.started:
         time.sleep(0.05)

@@ -22,6 +22,7 @@ import uvicorn
 
 from newsstudio.live import ScaledTime
 from newsstudio.server.app import ServerConfig, create_app
+from newsstudio.server.serve import uvicorn_config
 
 HELLO = Path(__file__).resolve().parents[1] / "src" / "newsstudio" / "assets" / "hello.flac"
 UPLOAD_LIMIT = 2_000_000
@@ -40,7 +41,7 @@ class ServerThread:
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.server = uvicorn.Server(uvicorn_config(app, log_level="warning", lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self):
@@ -347,7 +348,9 @@ async def _ws_round_trip(server, fmt: str):
 
     info = httpx.get(f"{server.url}/avatars/astro").json()
     box = info["mouth_box"]
-    async with connect(f"{server.ws_url}/ws", max_size=None) as ws:
+    async with connect(f"{server.ws_url}/ws", max_size=None) as ws:  # the client offers permessage-deflate
+        # video is never zlib-compressed on the server's event loop (serve.uvicorn_config)
+        assert "Sec-WebSocket-Extensions" not in ws.response.headers, ws.response.headers
         await ws.send(json.dumps({"type": "start", "avatar": "astro", "engine": "classic", "format": fmt, "chunk_frames": 2, "sample_rate": 16000}))
         started = json.loads(await ws.recv())
         assert started["type"] == "started" and (started["width"], started["height"]) == (256, 256)

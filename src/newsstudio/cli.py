@@ -296,10 +296,11 @@ def serve(
     import uvicorn
 
     from .server.app import ServerConfig, create_app
+    from .server.serve import uvicorn_config
 
     cfg = ServerConfig(engine=engine, device=device, weights=weights, models=models, avatars=avatars, max_sessions=max_sessions,
                        fps=fps, clips=clips, max_upload_bytes=max_upload_mb << 20, accel=accel)
-    uvicorn.run(create_app(cfg), host=host, port=port, log_level="info")
+    uvicorn.Server(uvicorn_config(create_app(cfg), host=host, port=port, log_level="info")).run()
 
 
 def main() -> None:  # pragma: no cover
