@@ -256,6 +256,9 @@ def main() -> None:
     ap.add_argument("--speech", default=None, help="speech file streamed by every client (default: builtin:hello)")
     ap.add_argument("--client-processes", type=int, default=1,
                     help="run the clients in this many child processes (the server here keeps its CPU)")
+    ap.add_argument("--switch-intervals", default=None,
+                    help="comma-separated sys.setswitchinterval values (s): each level runs under each, in this "
+                         "process (the server's GIL hand-off; Python's default is 0.005)")
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args()
     t0 = time.monotonic()
@@ -267,16 +270,20 @@ def main() -> None:
     health = httpx.get(url + "/health", timeout=30).json()
     print(f"server {url} ready after {time.monotonic() - t0:.0f} s: device {health['device']}, default engine "
           f"{health['default_engine']}; {args.format} chunks of {args.chunk_frames} frames, {args.duration:.0f} s per level", file=sys.stderr)
-    cols = [("sessions", "d"), ("sustained", "d"), ("errors", "d"), ("fps_min", ".1f"), ("fps_median", ".1f"), ("jitter_p95_ms", ".1f"), ("late_p50_ms", ".1f"),
+    cols = [("sessions", "d"), ("switch_interval_ms", "g"), ("sustained", "d"), ("errors", "d"), ("fps_min", ".1f"), ("fps_median", ".1f"), ("jitter_p95_ms", ".1f"), ("late_p50_ms", ".1f"),
             ("late_p95_ms", ".1f"), ("late_max_ms", ".1f"), ("server_fps", ".1f"), ("loop_lag_p95_ms", ".1f"), ("loop_lag_max_ms", ".0f"), ("speaking_share", ".2f"), ("rss_before_mb", ".0f"),
             ("rss_peak_mb", ".0f"), ("rss_after_mb", ".0f"), ("gpu_before_mb", ".0f"), ("gpu_peak_mb", ".0f"), ("gpu_after_mb", ".0f"),
             ("batch_frames_mean", ".1f"), ("render_wait_ms_mean", ".1f"), ("render_busy_share", ".2f"), ("audio_busy_share", ".2f"),
             ("audio_rows_per_call", ".1f"), ("motion_busy_share", ".2f")]
     print(" | ".join(name for name, _ in cols), flush=True)
     rows = []
-    for n in args.sessions:  # each level's row as soon as it is measured: a run cut short keeps them
-        print(f"[{time.monotonic() - t0:.0f} s] level of {n} sessions starts", file=sys.stderr, flush=True)
-        rows.append(asyncio.run(run_level(url, n, args, pcm, sr)))
+    intervals = [float(x) for x in args.switch_intervals.split(",")] if args.switch_intervals else [sys.getswitchinterval()]
+    levels = [(n, si) for n in args.sessions for si in intervals]
+    for n, si in levels:  # each level's row as soon as it is measured: a run cut short keeps them
+        sys.setswitchinterval(si)
+        print(f"[{time.monotonic() - t0:.0f} s] level of {n} sessions starts (switch interval {si * 1e3:g} ms)",
+              file=sys.stderr, flush=True)
+        rows.append({**asyncio.run(run_level(url, n, args, pcm, sr)), "switch_interval_ms": si * 1e3})
         r = rows[-1]
         print(f"[{time.monotonic() - t0:.0f} s] {n} sessions: {r['sustained']} sustained, {r['errors']} errors {r['error_samples'] or ''}",
               file=sys.stderr)
