@@ -156,6 +156,34 @@ def test_bucketed_runner_buckets_and_one_compilation():
         BucketedRunner(fn, "fast")
 
 
+def test_bucketed_runner_explicit_sizes_pad_less_and_compile_once():
+    """The render buckets (`RENDER_BUCKETS`): a call runs in the smallest listed size that holds it
+    (9 frames as 12, 17 as 24), longer calls split at the largest, still one compilation."""
+    from torch._dynamo.testing import CompileCounter
+
+    from newsstudio.accel.static import RENDER_BUCKETS
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    lin = nn.Linear(4, 2)
+
+    def fn(x):
+        return lin(x).relu()
+
+    runner = BucketedRunner(fn, "compile", sizes=RENDER_BUCKETS, backend=counter, allow_cpu_compile=True)
+    assert runner.buckets() == [4, 8, 12, 16, 24, 32]
+    assert [runner.bucket_for(n) for n in (1, 9, 12, 13, 17, 25, 70)] == [4, 12, 12, 16, 24, 32, 32]
+    for n in (9, 17, 70):
+        x = torch.randn(n, 4)
+        with torch.no_grad():
+            torch.testing.assert_close(runner(x), lin(x).relu())
+    assert sorted(runner.runners) == [12, 24, 32]
+    assert counter.frame_count == 1
+    torch._dynamo.reset()
+    with pytest.raises(ValueError, match="sizes"):
+        BucketedRunner(fn, "compile", sizes=[0, 4])
+
+
 
 def test_runner_shared_by_threads_gives_each_caller_its_own_rows():
     """Streams of one server call a shared runner from their own threads: its staging buffers (and

@@ -371,8 +371,14 @@ class StaticBatchRunner:
         return f"StaticBatchRunner(batch_size={self.batch_size}, mode={self.mode!r}{extra}, device={self.device})"
 
 
+# Render batches of live streams: a shared batch holds whatever the streams asked for meanwhile
+# (often 8-16 frames), so sizes between the powers of two waste less padding (9 frames run as 12,
+# not 16; 17 as 24, not 32) at the price of two more graphs.
+RENDER_BUCKETS = (4, 8, 12, 16, 24, 32)
+
+
 class BucketedRunner:
-    """`fn` on power-of-two batch buckets (`min_bucket` .. `max_bucket`): one `StaticBatchRunner`
+    """`fn` on power-of-two batch buckets (`min_bucket` .. `max_bucket`), or on the given `sizes`: one `StaticBatchRunner`
     per bucket, made on first use, so a call of n rows pays for the smallest bucket that holds n
     (a 5-frame tail of a stream runs as 8, not 32) and longer calls are split into `max_bucket`
     chunks. With a compile mode, ONE `torch.compile` of `fn` with a dynamic batch dimension
@@ -381,14 +387,21 @@ class BucketedRunner:
     """
 
     def __init__(self, fn: Callable[..., Any], mode: str, *, min_bucket: int = 4, max_bucket: int = 32,
+                 sizes: Sequence[int] | None = None,
                  compile_mode: str = "default", fallback_on_error: bool = True, cache_dir: str | None = None,
                  backend: str | Callable[..., Any] = "inductor", allow_cpu_compile: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if sizes is not None:  # explicit bucket sizes instead of the powers of two
+            sizes = sorted({int(b) for b in sizes})
+            if not sizes or sizes[0] < 1:
+                raise ValueError(f"bucket sizes must be >= 1, got {sizes}")
+            min_bucket, max_bucket = sizes[0], sizes[-1]
         if not 1 <= min_bucket <= max_bucket:
             raise ValueError(f"need 1 <= min_bucket <= max_bucket, got {min_bucket}, {max_bucket}")
         self.fn, self.mode = fn, mode
         self.min_bucket, self.max_bucket = int(min_bucket), int(max_bucket)
+        self._sizes = sizes
         self.compile_mode, self.fallback_on_error, self.cache_dir = compile_mode, fallback_on_error, cache_dir
         self.backend, self.allow_cpu_compile = backend, allow_cpu_compile
         self.runners: dict[int, StaticBatchRunner] = {}
@@ -396,6 +409,8 @@ class BucketedRunner:
         self._lock = threading.Lock()
 
     def bucket_for(self, n: int) -> int:
+        if self._sizes is not None:
+            return next(b for b in self._sizes if b >= min(n, self.max_bucket))
         b = self.min_bucket
         while b < min(n, self.max_bucket):
             b *= 2
@@ -430,6 +445,8 @@ class BucketedRunner:
 
     def buckets(self) -> list[int]:
         """Every bucket size, smallest first."""
+        if self._sizes is not None:
+            return list(self._sizes)
         out, b = [], self.min_bucket
         while b < self.max_bucket:
             out.append(b)

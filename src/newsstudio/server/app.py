@@ -15,6 +15,7 @@ import logging
 import math
 import re
 import shutil
+import sys
 import time
 from contextlib import asynccontextmanager
 from fractions import Fraction
@@ -74,8 +75,14 @@ def create_app(cfg: ServerConfig | None = None) -> FastAPI:
             except Exception as e:  # noqa: BLE001 - reported by /health, the server still serves
                 log.warning("default engine failed to load: %s", e)
         monitor = asyncio.ensure_future(_watch_loop_lag(state.metrics))
-        yield
-        monitor.cancel()
+        switch = sys.getswitchinterval()
+        if cfg.switch_interval_s is not None:
+            sys.setswitchinterval(cfg.switch_interval_s)
+        try:
+            yield
+        finally:
+            sys.setswitchinterval(switch)
+            monitor.cancel()
         await app.state.webrtc.close_all()
         state.close()
 
