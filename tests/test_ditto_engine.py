@@ -538,6 +538,31 @@ def test_random_models_and_real_hubert_config():
     assert torch.equal(enc.model.state_dict()[k], seeded_tensor(k, (1024, 4096), 0))
 
 
+def test_hubert_weight_norm_folded_once_same_features():
+    """The encoder holds the weight its weight-norm parametrization computes (not recomputed per
+    call); features are identical to the parametrized model's."""
+    from torch.nn.utils import parametrize
+
+    from newsstudio.engines.ditto.wav2feat import HubertEncoder, fold_weight_norm_
+
+    enc = dweights.random_hubert(0, "cpu", num_layers=2)
+    assert not any(parametrize.is_parametrized(m) for m in enc.modules())
+    plain = dweights.random_hubert(0, "cpu", num_layers=2).model
+    conv = plain.encoder.pos_conv_embed.conv  # a parametrized copy, as transformers builds it
+    torch.nn.utils.parametrizations.weight_norm(conv, name="weight", dim=2)
+    with torch.no_grad():
+        conv.parametrizations.weight.original0.copy_(torch.linalg.vector_norm(enc.model.encoder.pos_conv_embed.conv.weight, dim=(0, 1), keepdim=True))
+        conv.parametrizations.weight.original1.copy_(enc.model.encoder.pos_conv_embed.conv.weight)
+    win = torch.from_numpy(_speechlike(0.405, 16000))[:, :6480]
+    with torch.no_grad():
+        ref = plain(win).last_hidden_state
+    torch.testing.assert_close(enc(win), ref, rtol=1e-5, atol=1e-5)
+    fold_weight_norm_(plain)
+    assert not parametrize.is_parametrized(conv)
+    with torch.no_grad():
+        torch.testing.assert_close(plain(win).last_hidden_state, ref, rtol=0, atol=0)
+
+
 # ---------------------------------------------------------------------------------- benchmark reference
 
 

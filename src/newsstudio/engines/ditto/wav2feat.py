@@ -189,13 +189,34 @@ def _encoder_device(encoder: Encoder, like: Tensor) -> torch.device:
     return like.device
 
 
+def fold_weight_norm_(model: nn.Module) -> nn.Module:
+    """Replace weight-norm parametrizations by the weights they compute, in place (inference only):
+    HuBERT's positional convolution otherwise recomputes g * v / ||v|| on every call (0.7 ms of an
+    H200 per call, replayed in every CUDA graph). Same weight values, so the same outputs."""
+    from torch.nn.utils import parametrize
+
+    for m in model.modules():
+        if parametrize.is_parametrized(m):
+            for name in list(m.parametrizations.keys()):
+                parametrize.remove_parametrizations(m, name, leave_parametrized=True)
+                if name in m._buffers:  # torch keeps a no-grad result as a buffer: it is a weight
+                    m.register_parameter(name, nn.Parameter(m._buffers.pop(name), requires_grad=False))
+    return model
+
+
 class HubertEncoder(nn.Module):
     """transformers ``HubertModel`` as a window encoder: [B, n] raw 16 kHz audio (fed as-is, no
     normalisation) -> ``last_hidden_state`` [B, T, D]."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, fold: bool = True) -> None:
+        """``fold``: fold weight norm now (the weights are final); pass False to fill weights
+        later, then call ``fold_()``."""
         super().__init__()
-        self.model = model
+        self.model = fold_weight_norm_(model) if fold else model
+
+    def fold_(self) -> "HubertEncoder":
+        fold_weight_norm_(self.model)
+        return self
 
     @classmethod
     def from_config(cls, attn_implementation: str = "sdpa", **config_kwargs: object) -> "HubertEncoder":
@@ -203,7 +224,7 @@ class HubertEncoder(nn.Module):
 
         cfg = HubertConfig(**config_kwargs)  # type: ignore[arg-type]
         cfg._attn_implementation = attn_implementation
-        return cls(HubertModel(cfg)).eval()
+        return cls(HubertModel(cfg), fold=False).eval()  # weights still to be filled: fold_() after
 
     @classmethod
     def from_pretrained(cls, path: str | Path, **kwargs: object) -> "HubertEncoder":
