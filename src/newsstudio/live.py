@@ -473,7 +473,8 @@ class LiveSession:
     """A live talking head: idle loop when silent, speech as it arrives, instant barge-in.
 
     Thread-safe: outputs are pulled from render threads while speech and interrupts come from
-    request handlers. Heavy work (rendering) happens in the caller's thread."""
+    request handlers. Heavy work happens in the caller's thread: rendering in the puller's, the
+    engine's work on speech (features, motion) in the pusher's, outside the session lock."""
 
     def __init__(
         self,
