@@ -396,12 +396,17 @@ class BucketedRunner:
             sizes = sorted({int(b) for b in sizes})
             if not sizes or sizes[0] < 1:
                 raise ValueError(f"bucket sizes must be >= 1, got {sizes}")
-            min_bucket, max_bucket = sizes[0], sizes[-1]
-        if not 1 <= min_bucket <= max_bucket:
-            raise ValueError(f"need 1 <= min_bucket <= max_bucket, got {min_bucket}, {max_bucket}")
+        else:
+            if not 1 <= min_bucket <= max_bucket:
+                raise ValueError(f"need 1 <= min_bucket <= max_bucket, got {min_bucket}, {max_bucket}")
+            sizes = [int(min_bucket)]
+            while sizes[-1] * 2 < max_bucket:
+                sizes.append(sizes[-1] * 2)
+            if sizes[-1] != max_bucket:
+                sizes.append(int(max_bucket))
         self.fn, self.mode = fn, mode
-        self.min_bucket, self.max_bucket = int(min_bucket), int(max_bucket)
-        self._sizes = sizes
+        self._sizes: list[int] = sizes
+        self.min_bucket, self.max_bucket = sizes[0], sizes[-1]
         self.compile_mode, self.fallback_on_error, self.cache_dir = compile_mode, fallback_on_error, cache_dir
         self.backend, self.allow_cpu_compile = backend, allow_cpu_compile
         self.runners: dict[int, StaticBatchRunner] = {}
@@ -409,12 +414,7 @@ class BucketedRunner:
         self._lock = threading.Lock()
 
     def bucket_for(self, n: int) -> int:
-        if self._sizes is not None:
-            return next(b for b in self._sizes if b >= min(n, self.max_bucket))
-        b = self.min_bucket
-        while b < min(n, self.max_bucket):
-            b *= 2
-        return min(b, self.max_bucket)
+        return next(b for b in self._sizes if b >= min(n, self.max_bucket))
 
     def _shared_compiled(self) -> Callable[..., Any] | None:
         if self.mode not in ("compile", "compile+cudagraph"):
@@ -445,13 +445,7 @@ class BucketedRunner:
 
     def buckets(self) -> list[int]:
         """Every bucket size, smallest first."""
-        if self._sizes is not None:
-            return list(self._sizes)
-        out, b = [], self.min_bucket
-        while b < self.max_bucket:
-            out.append(b)
-            b *= 2
-        return [*out, self.max_bucket]
+        return list(self._sizes)
 
     def warm_up(self, example_inputs: Sequence[torch.Tensor]) -> float:
         """Prepare (compile once, capture each graph) every bucket from one example row per input;

@@ -81,11 +81,12 @@ class Metrics:
         with self._lock:
             self.frames_total += n
             self._events.append((now, n))
-            self._trim(now)
+            self._trim(self._events, now)
 
-    def _trim(self, now: float) -> None:
-        while self._events and self._events[0][0] < now - self.window_s:
-            self._events.popleft()
+    def _trim(self, samples: deque, now: float) -> None:
+        """Drop (time, value) samples older than the window."""
+        while samples and samples[0][0] < now - self.window_s:
+            samples.popleft()
 
     def add_loop_lag(self, lag_s: float) -> None:
         """One event-loop lag sample: how late a short sleep woke up (work blocking the loop
@@ -93,8 +94,7 @@ class Metrics:
         now = time.monotonic()
         with self._lock:
             self._lags.append((now, lag_s))
-            while self._lags and self._lags[0][0] < now - self.window_s:
-                self._lags.popleft()
+            self._trim(self._lags, now)
             self.loop_lag_max_s = max(self.loop_lag_max_s, lag_s)
 
     def loop_lag(self) -> dict[str, float]:
@@ -109,7 +109,7 @@ class Metrics:
     def fps(self) -> float:
         now = time.monotonic()
         with self._lock:
-            self._trim(now)
+            self._trim(self._events, now)
             total = sum(n for _, n in self._events)
         span = min(self.window_s, max(1e-3, time.time() - self.started))
         return total / span
