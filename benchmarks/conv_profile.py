@@ -3,9 +3,10 @@
     python -m benchmarks.conv_profile [--engine ditto|musetalk] [--batch 32] [--rows 16]
 
 Seeded weights, fp16 (autocast for Ditto, as the engine runs), cuDNN autotuning on, eager, the
-engine's conv rewrites, channels_last and NCHW in turn. Each Conv2d/Conv3d is timed between a
-pre- and a post-forward hook event (launch gaps between convs are not counted); the table gives
-its time, the TFLOP/s it reached, and its shapes.
+engine's conv rewrites, channels_last and NCHW in turn. Each conv (a Conv2d/Conv3d, or one of the
+engine's exact conv rewrites as one) is timed between a pre- and a post-forward hook event (launch
+gaps between convs are not counted); the table gives its time, the TFLOP/s its kernels reached
+(executed FLOPs), and its shapes.
 """
 from __future__ import annotations
 
@@ -34,9 +35,31 @@ def _network(engine: str, channels_last: bool, batch: int):
         lat = torch.randn((batch, 8, 32, 32), device="cuda", dtype=eng.dtype)
         prompts = eng.idle_prompt()[None].to(eng.dtype).expand(batch, -1, -1).contiguous()
         run = lambda: eng._faces(lat, prompts)  # noqa: E731
-    mods = {m: f"{tag}.{name}" for tag, root in roots.items() for name, m in root.named_modules()
-            if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d))}
-    return mods, run
+    mods = {m: f"{tag}.{name}" for tag, root in roots.items() for name, m in root.named_modules() if isinstance(m, _conv_types())}
+    inner = {c for m in mods for c in list(m.modules())[1:]}  # a rewrite's own convs are timed as part of it
+    return {m: n for m, n in mods.items() if m not in inner}, run
+
+
+def _conv_types() -> tuple[type, ...]:
+    """Plain convs and the engines' exact conv rewrites (timed as one conv each)."""
+    from newsstudio.accel.depth_sliced_conv3d import DepthSlicedConv3d
+    from newsstudio.accel.tap_sum_conv import TapSumConv2d
+    from newsstudio.accel.upsample_conv import PhaseUpsampleConv
+
+    return (torch.nn.Conv2d, torch.nn.Conv3d, DepthSlicedConv3d, TapSumConv2d, PhaseUpsampleConv)
+
+
+def _executed_flops(m: torch.nn.Module, out: tuple[int, ...], calls: int) -> float:
+    """Multiply-adds x 2 the module's kernels run: its weight over every output element (a phase
+    conv's weight covers all ``scale**2`` output phases at once)."""
+    from newsstudio.accel.upsample_conv import PhaseUpsampleConv
+
+    w = getattr(m, "weight", None)
+    if w is None and getattr(m, "slice_conv", None) is not None:
+        m = m.slice_conv
+        w = m.weight
+    per_out = w[0].numel() * w.shape[0] / (m.scale ** 2 if isinstance(m, PhaseUpsampleConv) else 1)
+    return 2 * per_out * out[0] * int(torch.tensor(out[2:]).prod()) * calls
 
 
 def profile(engine: str, channels_last: bool, batch: int, rows: int) -> None:
@@ -69,8 +92,9 @@ def profile(engine: str, channels_last: bool, batch: int, rows: int) -> None:
     for m, calls in rec.items():
         ms = sum(a.elapsed_time(b) for a, b, *_ in calls)
         out = calls[0][3]
-        flops = 2 * m.weight[0].numel() * out[0] * int(torch.tensor(out[2:]).prod()) * m.weight.shape[0] * len(calls)
-        table.append((ms, flops / (ms * 1e-3) / 1e12 if ms else 0.0, mods[m], calls[0][2], out, tuple(m.weight.shape)))
+        flops = _executed_flops(m, out, len(calls))
+        w = getattr(m, "weight", None)
+        table.append((ms, flops / (ms * 1e-3) / 1e12 if ms else 0.0, mods[m], calls[0][2], out, tuple(w.shape) if w is not None else ()))
     table.sort(key=lambda r: -r[0])
     print(f"{engine} channels_last={channels_last} batch {batch}: forward {wall * 1e3:.1f} ms, "
           f"convs {sum(r[0] for r in table):.1f} ms ({len(table)} convs)")

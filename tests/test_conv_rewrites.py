@@ -75,3 +75,19 @@ def test_depth_sliced_conv3d_of_an_upsampled_volume():
     ref = conv(F.interpolate(x, scale_factor=(1.0, 2.0, 2.0), mode="nearest"))
     got = DepthSlicedConv3d(conv, upsample_hw=2)(x)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cin,cout,kernel,padding", [(72, 1, 7, 3), (16, 3, 5, 2), (8, 2, (3, 5), (0, 1))])
+def test_tap_sum_conv_equals_conv2d(cin, cout, kernel, padding):
+    from newsstudio.accel.tap_sum_conv import TapSumConv2d
+
+    torch.manual_seed(3)
+    conv = nn.Conv2d(cin, cout, kernel, padding=padding)
+    x = torch.randn(2, cin, 9, 11)
+    ref = conv(x)
+    got = TapSumConv2d(conv)(x)
+    assert got.shape == ref.shape and got.dtype == ref.dtype
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    assert TapSumConv2d(conv).weight.shape[0] % 8 == 0  # the GEMM's N stays tensor-core aligned
+    with pytest.raises(ValueError, match="stride-1"):
+        TapSumConv2d(nn.Conv2d(cin, cout, 3, stride=2))

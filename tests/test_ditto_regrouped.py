@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from newsstudio.accel.depth_sliced_conv3d import DepthSlicedConv3d
+from newsstudio.accel.tap_sum_conv import TapSumConv2d
 from newsstudio.engines.ditto.models import SPADEDecoder, WarpingNetwork
 from newsstudio.engines.ditto.models.regrouped import PhaseUpBlock3d, RegroupedSPADEDecoder, regrouped_warp
 from newsstudio.weights.seeded import fill_seeded_, seeded_input
@@ -24,6 +25,7 @@ def test_regrouped_warp_equals_warp() -> None:
     assert isinstance(dense.mask, DepthSlicedConv3d) and isinstance(dense.hourglass.decoder.conv, DepthSlicedConv3d)
     assert isinstance(dense.hourglass.encoder.down_blocks[0].conv, DepthSlicedConv3d)
     assert all(isinstance(b, PhaseUpBlock3d) for b in dense.hourglass.decoder.up_blocks)
+    assert isinstance(dense.occlusion, TapSumConv2d)
     feat = seeded_input("t.feat", (2, 32, 16, 32, 32))
     kp_s = seeded_input("t.kps", (2, 21, 3), scale=0.3)
     kp_d = kp_s + seeded_input("t.kpd", (2, 21, 3), scale=0.05)

@@ -10,7 +10,9 @@ Warp network (DenseMotionNetwork's 3-D hourglass):
   on slow generic 3-D kernels; they run as :class:`DepthSlicedConv3d` (a 2-D conv over depth
   slices with aligned channels and a shifted depth sum);
 * each UpBlock3d (nearest 2x in H, W, then a 3x3x3 conv): a phase convolution of the slices,
-  2.25x fewer FLOPs, no upsampled volume.
+  2.25x fewer FLOPs, no upsampled volume;
+* the occlusion head (7x7 conv, 2,272 channels -> 1): one output channel fits no tensor-core
+  tile, so it runs as :class:`TapSumConv2d` (a 1x1 conv to the 49 tap maps, then their shifted sum).
 
 SPADE decoder (16 SPADE norms, each ``relu(conv3x3(nearest(seg)))`` then gamma and beta convs):
 * the shared convs of all norms that see the same resolution read the same ``seg``: one conv
@@ -27,6 +29,7 @@ from torch import nn
 
 from ....accel.depth_sliced_conv3d import DepthSlicedConv3d
 from ....accel.shared_copy import shared_copy
+from ....accel.tap_sum_conv import TapSumConv2d
 from ....accel.upsample_conv import PhaseUpsampleConv
 from .blocks import SPADE, SPADEResnetBlock, UpBlock3d
 from .spade_decoder import SPADEDecoder
@@ -65,6 +68,8 @@ def regrouped_warp(warp: WarpingNetwork) -> WarpingNetwork:
         first.conv = DepthSlicedConv3d(first.conv)
     hourglass.decoder.up_blocks = nn.ModuleList(
         PhaseUpBlock3d(b) if b.conv.groups == 1 and b.conv.kernel_size == (3, 3, 3) else b for b in hourglass.decoder.up_blocks)
+    if isinstance(dense.occlusion, nn.Conv2d) and dense.occlusion.out_channels < 8 and dense.occlusion.kernel_size != (1, 1):
+        dense.occlusion = TapSumConv2d(dense.occlusion)
     return out
 
 
