@@ -8,7 +8,11 @@ Sections (each prints a table row group and lands in the JSON):
 - per engine: dense fps to 1080x1920 NV12 (audio features + render + splice, warm), time to first
   frame (audio available), a 6.6 s segment -> MP4 with audio on disk (warm);
 - MuseTalk / Ditto reference-style pipelines come from benchmarks/musetalk_bench.py and
-  benchmarks/ditto_bench.py when those engines are selected.
+  benchmarks/ditto_bench.py when those engines are selected;
+- concurrency (``--load musetalk=8,12,16;ditto=4,6,8``): for each engine, benchmarks/load_test.py
+  in a child process (a server on loopback, live WebSocket sessions streaming speech in real time,
+  each level ``--load-duration`` seconds): how many sessions were all on time, and the server's
+  GPU memory per session at the highest level (peak minus before, / sessions).
 Seeded random weights for the neural engines (speed does not depend on weight values).
 """
 from __future__ import annotations
@@ -77,6 +81,51 @@ def engine_figures(engine, packet, seconds: float, chunk: int, repeat: int, out_
             "live_ttff": live_ttff(engine, packet, audio, 25, min(chunk, 4))}
 
 
+LOAD_FPS = {"musetalk": 30, "ditto": 25, "classic": 30}  # Ditto's motion model runs at 25 fps only
+
+
+def parse_load(spec: str | None) -> dict[str, list[int]]:
+    """``"musetalk=8,12;ditto=4,8"`` -> {"musetalk": [8, 12], "ditto": [4, 8]}."""
+    out: dict[str, list[int]] = {}
+    for part in (spec or "").split(";"):
+        if not part.strip():
+            continue
+        name, _, levels = part.partition("=")
+        try:
+            out[name.strip()] = [int(v) for v in levels.split(",") if v.strip()]
+        except ValueError:
+            raise SystemExit(f"--load: {part!r} is not ENGINE=N,N,...") from None
+        if not out[name.strip()] or name.strip() not in LOAD_FPS:
+            raise SystemExit(f"--load: {part!r} is not ENGINE=N,N,... with ENGINE one of {sorted(LOAD_FPS)}")
+    return out
+
+
+def load_figures(engine: str, levels: list[int], duration: float, size: int, accel: str, out_dir: Path,
+                 timeout_s: float | None = None) -> dict[str, Any]:
+    """benchmarks/load_test.py for one engine in a child process (its own server and CUDA context):
+    every level's row, the most sessions that were all sustained, GPU memory per session."""
+    import json
+    import subprocess
+
+    path = out_dir / f"load_{engine}.json"
+    path.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "benchmarks.load_test", "--engine", engine, "--weights", "random" if engine != "classic" else "official",
+           "--fps", str(LOAD_FPS[engine]), "--size", str(size), "--sessions", ",".join(map(str, levels)), "--duration", str(duration),
+           "--accel", accel, "--client-processes", "4", "--json", str(path)]
+    print(f"[load] {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
+    try:
+        subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], timeout=timeout_s, check=False)
+        status = "ok"
+    except subprocess.TimeoutExpired:
+        status = f"stopped after {timeout_s:.0f} s"
+    rows = json.loads(path.read_text()) if path.is_file() else []
+    ok = [r["sessions"] for r in rows if r["sustained"] == r["sessions"] and not r["errors"]]
+    top = max(rows, key=lambda r: r["sessions"]) if rows else None
+    return {"command": " ".join(cmd[1:]), "status": status, "fps": LOAD_FPS[engine], "rows": rows,
+            "max_sustained_sessions": max(ok) if ok else 0,
+            "gpu_mb_per_session": (top["gpu_peak_mb"] - top["gpu_before_mb"]) / top["sessions"] if top and top["gpu_peak_mb"] else None}
+
+
 def main() -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engines", default="classic")
@@ -87,6 +136,10 @@ def main() -> dict[str, Any]:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--max-frames", type=int, default=750)
     add_engine_config_args(ap)
+    ap.add_argument("--load", default=None, help="concurrency levels per engine, e.g. 'musetalk=8,12,16;ditto=4,6,8' (load_test)")
+    ap.add_argument("--load-duration", type=float, default=20.0, help="seconds per concurrency level")
+    ap.add_argument("--load-size", type=int, default=1080, help="square avatar size of the load test")
+    ap.add_argument("--load-timeout", type=float, default=None, help="stop each engine's load test after this many seconds")
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="tiny sizes (CPU smoke test)")
     ap.add_argument("--workdir", default=None)
@@ -121,6 +174,16 @@ def main() -> dict[str, Any]:
             mod.print_table(section)
         write_json(args.json, out)  # after each engine: a later failure keeps what was measured
 
+    load = parse_load(args.load)
+    if load:
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()  # the child server gets the memory this process no longer uses
+        accel = (variant_list(args.variants) or ["auto"])[0].split(":")[0]
+        out["concurrency"] = {}
+        for name, levels in load.items():
+            out["concurrency"][name] = load_figures(name, levels, args.load_duration, args.load_size, accel, work, args.load_timeout)
+            write_json(args.json, out)
+
     print("\n| engine | path | dense fps | TTFF ms | live TTFF ms (speech needed / after it) | 6.6 s -> MP4 s |")
     print("|---|---|---|---|---|---|")
     for name, sec in out["engines"].items():
@@ -131,6 +194,13 @@ def main() -> dict[str, Any]:
                 live = f"{lv['ms']:.0f} ({lv['audio_ms']:.0f} / {lv['compute_ms']:.1f})" if lv else "-"
                 print(f"| {name} | {path} | {r.get('dense_fps', float('nan')):.1f} | {r.get('ttff_ms', float('nan')):.1f} | {live} "
                       f"| {r.get('segment_mp4_s', float('nan')):.2f} |")
+    if out.get("concurrency"):
+        print("\n| engine | live sessions all on time (most) | levels: sessions -> sustained, server fps | GPU MB / session |")
+        print("|---|---|---|---|")
+        for name, c in out["concurrency"].items():
+            lv = ", ".join(f"{r['sessions']} -> {r['sustained']} ({r['server_fps']:.0f} fps)" for r in c["rows"]) or c["status"]
+            mb = f"{c['gpu_mb_per_session']:.0f}" if c["gpu_mb_per_session"] is not None else "-"
+            print(f"| {name} @ {c['fps']} fps | {c['max_sustained_sessions']} | {lv} | {mb} |")
     write_json(args.json, out)
     return out
 
