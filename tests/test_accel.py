@@ -184,6 +184,18 @@ def test_bucketed_runner_explicit_sizes_pad_less_and_compile_once():
         BucketedRunner(fn, "compile", sizes=[0, 4])
 
 
+def test_render_buckets_from_the_environment(monkeypatch):
+    from newsstudio.accel.static import RENDER_BUCKETS, RENDER_BUCKETS_ENV, render_buckets
+
+    monkeypatch.delenv(RENDER_BUCKETS_ENV, raising=False)
+    assert render_buckets() == RENDER_BUCKETS
+    monkeypatch.setenv(RENDER_BUCKETS_ENV, "32, 8,16,4")
+    assert render_buckets() == (4, 8, 16, 32)
+    for bad in ("8,x", "0,8", ","):
+        monkeypatch.setenv(RENDER_BUCKETS_ENV, bad)
+        with pytest.raises(ValueError, match=RENDER_BUCKETS_ENV):
+            render_buckets()
+
 
 def test_runner_shared_by_threads_gives_each_caller_its_own_rows():
     """Streams of one server call a shared runner from their own threads: its staging buffers (and

@@ -34,6 +34,7 @@ gets copies; with False it gets views that the next call overwrites.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -375,6 +376,22 @@ class StaticBatchRunner:
 # (often 8-16 frames), so sizes between the powers of two waste less padding (9 frames run as 12,
 # not 16; 17 as 24, not 32) at the price of two more graphs.
 RENDER_BUCKETS = (4, 8, 12, 16, 24, 32)
+RENDER_BUCKETS_ENV = "NEWSSTUDIO_RENDER_BUCKETS"
+
+
+def render_buckets() -> tuple[int, ...]:
+    """The render batch buckets: ``RENDER_BUCKETS``, or the comma-separated sizes in
+    ``$NEWSSTUDIO_RENDER_BUCKETS`` (e.g. ``4,8,16,32``: fewer graphs to capture, more padding)."""
+    spec = os.environ.get(RENDER_BUCKETS_ENV, "").strip()
+    if not spec:
+        return RENDER_BUCKETS
+    try:
+        sizes = tuple(sorted({int(v) for v in spec.split(",") if v.strip()}))
+    except ValueError:
+        sizes = ()
+    if not sizes or sizes[0] < 1:
+        raise ValueError(f"${RENDER_BUCKETS_ENV}={spec!r} is not a comma-separated list of positive batch sizes")
+    return sizes
 
 
 class BucketedRunner:

@@ -58,7 +58,7 @@ import torch
 
 from ...accel.precision import to_channels_last_
 from ...accel.settings import resolve_accel
-from ...accel.static import RENDER_BUCKETS, BucketedRunner
+from ...accel.static import BucketedRunner, render_buckets
 from ...avatar.packet import Packet, PacketError
 from ...compose.splice import sample_crops_to_roi
 from ..base import AvatarLayer, Engine, FrameQueue, TensorFrameQueue, neural_defaults, pingpong_index, warn_random_weights
@@ -366,7 +366,7 @@ class DittoEngine(Engine):
             to_channels_last_(self._warp)
             to_channels_last_(self._decoder)
         # warp + decoder as one static-shape callable per batch bucket (CUDA graphs: ~1,000 launches less per call)
-        self._crop_runner = BucketedRunner(self._crops, self.accel, sizes=RENDER_BUCKETS)
+        self._crop_runner = BucketedRunner(self._crops, self.accel, sizes=render_buckets())
         # HuBERT over fixed 6480-sample windows, 1-8 per call: ~700 small kernels each, graphed on CUDA.
         # (The release's ONNX encoder is not a torch module and runs as it is.)
         hub = self.models.hubert

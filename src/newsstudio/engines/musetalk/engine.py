@@ -36,7 +36,7 @@ import torch
 
 from ...accel.precision import to_channels_last_
 from ...accel.settings import resolve_accel
-from ...accel.static import RENDER_BUCKETS, BucketedRunner
+from ...accel.static import BucketedRunner, render_buckets
 from ...accel.upsample_conv import with_phase_upsampling
 from ...audio.source import as_fraction, frames_for_samples
 from ...avatar.packet import Packet, PacketError
@@ -305,7 +305,7 @@ class MuseTalkEngine(Engine):
             to_channels_last_(self._vae_decoder)
         # UNet + decode run as one static-shape callable per batch bucket: CUDA graphs remove the
         # ~2,500 kernel launches per call (tens of ms) that dominate small batches. Eager on CPU.
-        self._face_runner = BucketedRunner(self._faces, self.accel, sizes=RENDER_BUCKETS)
+        self._face_runner = BucketedRunner(self._faces, self.accel, sizes=render_buckets())
         # Whisper over whole 30 s pieces (1-4 per call): a fixed shape, ~100 small kernels per run.
         self._whisper_runner = BucketedRunner(partial(encoder_hidden_states, self.models.whisper_encoder),
                                               self.front_end_accel, min_bucket=1, max_bucket=WHISPER_BUCKET_MAX)
