@@ -351,6 +351,30 @@ def test_stateless_stitch_equals_the_reference_stitcher(packet):
         assert torch.allclose(r.x_d[0], x_d[i], atol=1e-5) and torch.allclose(r.x_s[0], x_s[i])
 
 
+def test_file_block_is_the_first_window_and_changes_no_motion(engine, packet):
+    """Finite inputs are pushed in blocks of the first LMDM window's audio (one HuBERT push before
+    the first motion instead of six: lower time to first frame); the motion equals 0.5 s blocks'."""
+    cfg = engine.config
+    assert engine.file_block_s == pytest.approx((cfg.seq_frames - cfg.overlap_v2 + 10) / 25)
+    assert engine.file_block_s == pytest.approx(3.2) or cfg.overlap_v2 != 10
+    pcm = _speechlike(engine.file_block_s + 0.7, 16000)[0]
+    layer = engine.load_avatar(packet)
+
+    def motion(block: int) -> torch.Tensor:
+        cond, drv = engine.conditioner(25), engine.driver(layer)
+        for s in range(0, pcm.shape[0], block):
+            cond.push(pcm[s : s + block])
+            drv.push(cond.take(cond.ready))
+        cond.close()
+        drv.push(cond.take(cond.ready))
+        drv.close()
+        return drv.take(drv.ready)
+
+    file_rows, small_rows = motion(int(engine.file_block_s * 16000)), motion(8000)
+    assert file_rows.shape[0] == math.ceil(pcm.shape[0] / 640)
+    torch.testing.assert_close(file_rows, small_rows, rtol=1e-4, atol=1e-4)
+
+
 def test_ditto_stream_contract(engine, packet):
     sr = 22050
     pcm = _speechlike(0.2, sr, channels=2)
