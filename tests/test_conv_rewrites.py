@@ -92,23 +92,3 @@ def test_tap_sum_conv_equals_conv2d(cin, cout, kernel, padding):
     with pytest.raises(ValueError, match="stride-1"):
         TapSumConv2d(nn.Conv2d(cin, cout, 3, stride=2))
 
-
-@pytest.mark.parametrize("scale", [2, 4])
-@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
-def test_phase_conv_matrix_product_form_equals_conv_form(scale, layout):
-    """``gemm=True`` (one matmul over the shifted channels-last views) gives the convolution form's
-    output, channels-last, and `set_phase_gemm_` switches every phase conv of a module."""
-    from newsstudio.accel.upsample_conv import PhaseUpsampleConv, set_phase_gemm_
-
-    torch.manual_seed(4)
-    conv = nn.Conv2d(12, 6, 3, padding=1)
-    x = torch.randn(2, 12, 5, 7)
-    if layout == "channels_last":
-        x = x.contiguous(memory_format=torch.channels_last)
-    ref = conv(F.interpolate(x, scale_factor=scale, mode="nearest"))
-    seq = nn.Sequential(PhaseUpsampleConv(conv, scale), nn.Identity())
-    torch.testing.assert_close(seq(x), ref, rtol=1e-5, atol=1e-5)
-    assert set_phase_gemm_(seq) == 1 and seq[0].gemm
-    got = seq(x)
-    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
-    assert got.is_contiguous(memory_format=torch.channels_last)

@@ -16,11 +16,6 @@ padding of the input, so borders are exact too. Larger scales add middle phases 
 
 The SD VAE decoder of MuseTalk has three such pairs (diffusers ``Upsample2D``): 174 of its
 622 GFLOP per frame, 97 GFLOP saved.
-
-``gemm=True`` runs the 2x2 convolution as one matrix product instead (the four shifted views of
-the channels-last input side by side, ``K = 4 x in_channels``, times the ``[4 I, s*s*O]`` weight):
-cuDNN ran these 2x2 convolutions at 130-250 TFLOP/s on an H200 where its 3x3 convolutions of
-the same networks reach 300-500 (benchmarks/RESULTS.md); the output comes out channels-last.
 """
 from __future__ import annotations
 
@@ -30,7 +25,7 @@ from torch import nn
 
 from .shared_copy import shared_copy
 
-__all__ = ["PhaseUpsampleConv", "set_phase_gemm_", "with_phase_upsampling"]
+__all__ = ["PhaseUpsampleConv", "with_phase_upsampling"]
 
 def _tap_sums(scale: int) -> tuple[torch.Tensor, list[int]]:
     """Per output phase ``a`` (row parity modulo ``scale``): which of the 3x3 taps sum into each of
@@ -59,9 +54,8 @@ class PhaseUpsampleConv(nn.Module):
     ``x`` and an interleave of its ``scale**2`` phases: 2.25x fewer FLOPs for any scale."""
 
     def __init__(self, conv: nn.Conv2d | None = None, scale: int = 2, *, weight: torch.Tensor | None = None,
-                 bias: torch.Tensor | None = None, gemm: bool = False) -> None:
+                 bias: torch.Tensor | None = None) -> None:
         super().__init__()
-        self.gemm = bool(gemm)
         if conv is not None:
             if not is_plain_3x3(conv):
                 raise ValueError(f"PhaseUpsampleConv needs a 3x3 conv with stride 1, padding 1, no dilation or groups; got {conv}")
@@ -75,29 +69,12 @@ class PhaseUpsampleConv(nn.Module):
         self.bias = nn.Parameter(bias.detach().repeat(self.scale ** 2), requires_grad=False) if bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gemm:
-            return self._forward_gemm(x)
         b, _, h, w = x.shape
         s, o, off = self.scale, self.out_channels, self.offsets
         y = F.conv2d(x, self.weight, self.bias, padding=1)  # [B, s*s*O, H+1, W+1]
         rows = [torch.stack([y[:, (s * a + c) * o:(s * a + c + 1) * o, off[a]:off[a] + h, off[c]:off[c] + w]
                              for c in range(s)], dim=-1) for a in range(s)]
         return torch.stack(rows, dim=3).reshape(b, o, s * h, s * w)  # [B, O, H, s, W, s] -> interleaved
-
-    def _forward_gemm(self, x: torch.Tensor) -> torch.Tensor:
-        """The same as ``forward``, the 2x2 convolution as one matrix product over channels-last views."""
-        b, i, h, w = x.shape
-        s, o, off = self.scale, self.out_channels, self.offsets
-        xh = F.pad(x.permute(0, 2, 3, 1), (0, 0, 1, 1, 1, 1))  # [B, H+2, W+2, I]
-        cols = torch.cat([xh[:, dy:dy + h + 1, dx:dx + w + 1] for dy in (0, 1) for dx in (0, 1)], dim=-1)  # [B, H+1, W+1, 4I]
-        weight = self.weight.permute(2, 3, 1, 0).reshape(4 * i, s * s * o)  # rows (dy, dx, i) as cols' channels
-        y = cols.reshape(-1, 4 * i) @ weight.to(cols.dtype)
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
-        y = y.view(b, h + 1, w + 1, s, s, o)
-        rows = [torch.stack([y[:, off[a]:off[a] + h, off[c]:off[c] + w, a, c] for c in range(s)], dim=3) for a in range(s)]
-        out = torch.stack(rows, dim=2).reshape(b, s * h, s * w, o)  # [B, H, s, W, s, O] -> interleaved, channels-last
-        return out.permute(0, 3, 1, 2)
 
 
 def is_plain_3x3(conv: nn.Module) -> bool:
@@ -140,12 +117,3 @@ def with_phase_upsampling(module: nn.Module) -> tuple[nn.Module, int]:
             setattr(parent, attr, _PhaseUpsample2D(child.conv))
             count += 1
     return out, count
-
-
-def set_phase_gemm_(module: nn.Module, on: bool = True) -> int:
-    """Switch every :class:`PhaseUpsampleConv` inside ``module`` to the matrix-product form (or
-    back); returns how many were switched. Set before compiling: a compiled graph keeps its form."""
-    convs = [m for m in module.modules() if isinstance(m, PhaseUpsampleConv)]
-    for m in convs:
-        m.gemm = bool(on)
-    return len(convs)
