@@ -567,7 +567,7 @@ def test_hubert_weight_norm_folded_once_same_features():
     call); features are identical to the parametrized model's."""
     from torch.nn.utils import parametrize
 
-    from newsstudio.engines.ditto.wav2feat import HubertEncoder, fold_weight_norm_
+    from newsstudio.engines.ditto.wav2feat import fold_weight_norm_
 
     enc = dweights.random_hubert(0, "cpu", num_layers=2)
     assert not any(parametrize.is_parametrized(m) for m in enc.modules())
