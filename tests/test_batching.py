@@ -162,9 +162,10 @@ def test_neural_engines_batch_across_avatars(name, two_layers, tmp_path):
         layers.append(eng.load_avatar(eng.prebake(open_packet(dest), progress=False)))
     assert layers[0].roi_hw != layers[1].roi_hw or layers[0].packet.id != layers[1].packet.id
     reqs = _requests(eng, layers, [3, 2, 2])
+    reqs = reqs + [reqs[-1], reqs[0]]  # consecutive requests of one avatar too (resized as one run by MuseTalk)
     alone = [eng.render(*r) for r in reqs]
     together = eng.render_many(reqs)
-    assert len(together) == 3
+    assert len(together) == 5
     for t, a in zip(together, alone):
         assert t.shape == a.shape
         # equal up to batch-size-dependent float rounding (MuseTalk rounds faces to 8-bit levels: one level)

@@ -217,6 +217,18 @@ class MuseTalkConditioner(FrameQueue):
 WHISPER_BUCKET_MAX = 16  # 30 s pieces per Whisper call (several live streams' updates at once)
 
 
+
+def _same_layer_runs(items: list[tuple[AvatarLayer, torch.Tensor, torch.Tensor]]) -> list[list[int]]:
+    """Positions of ``items`` grouped into runs of consecutive items on the same avatar layer."""
+    runs: list[list[int]] = []
+    for k, (layer, _, _) in enumerate(items):
+        if runs and items[runs[-1][0]][0] is layer:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    return runs
+
+
 class MuseTalkEngine(Engine):
     """MuseTalk v1.5 (or v1.0) on one device.
 
@@ -404,17 +416,22 @@ class MuseTalkEngine(Engine):
 
     def render_many(self, items: list[tuple[AvatarLayer, torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
         """All items' faces in one UNet + decode batch (any mix of avatars: the networks see 256x256
-        crops only), then each item resized into its own avatar's boxes."""
+        crops only), then resized into their avatar's boxes: consecutive items of one avatar (the
+        usual shared batch: many sessions of one presenter) in one gather and one resize, so the
+        render thread's per-batch work does not grow with the number of sessions."""
         dev = self.device
         with torch.inference_mode():
-            idxs = [idx.to(dev) for _, _, idx in items]
-            latents = torch.cat([layer.data["latents"].index_select(0, idx) for (layer, _, _), idx in zip(items, idxs)])
+            runs = _same_layer_runs(items)
+            idxs = [torch.cat([items[k][2].to(dev) for k in run]) for run in runs]
+            latents = torch.cat([items[run[0]][0].data["latents"].index_select(0, idx) for run, idx in zip(runs, idxs)])
             prompts = torch.cat([d.to(dev, self.dtype) for _, d, _ in items])
             faces = self._face_runner(latents, prompts)
-            out, s = [], 0
-            for (layer, _, _), idx in zip(items, idxs):
-                n = int(idx.shape[0])
-                out.append(resize_into_boxes(faces[s:s + n], layer.data["boxes"].index_select(0, idx), layer.roi_hw))
+            out: list[torch.Tensor] = []
+            s = 0
+            for run, idx in zip(runs, idxs):
+                layer, n = items[run[0]][0], int(idx.shape[0])
+                resized = resize_into_boxes(faces[s:s + n], layer.data["boxes"].index_select(0, idx), layer.roi_hw)
+                out += list(torch.split(resized, [int(items[k][2].shape[0]) for k in run]))
                 s += n
             return out
 
