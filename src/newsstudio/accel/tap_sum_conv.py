@@ -14,11 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .depth_sliced_conv3d import _round_up
+
 __all__ = ["TapSumConv2d"]
-
-
-def _round_up(n: int, m: int) -> int:
-    return (n + m - 1) // m * m
 
 
 class TapSumConv2d(nn.Module):

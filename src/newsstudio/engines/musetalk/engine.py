@@ -217,7 +217,6 @@ class MuseTalkConditioner(FrameQueue):
 WHISPER_BUCKET_MAX = 16  # 30 s pieces per Whisper call (several live streams' updates at once)
 
 
-
 def _same_layer_runs(items: list[tuple[AvatarLayer, torch.Tensor, torch.Tensor]]) -> list[list[int]]:
     """Positions of ``items`` grouped into runs of consecutive items on the same avatar layer."""
     runs: list[list[int]] = []
