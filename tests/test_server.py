@@ -343,6 +343,21 @@ def _unpack(msg: bytes):
     return header, frames, audio
 
 
+def test_chunk_message_carries_every_byte_of_frames_and_audio_in_order():
+    from newsstudio.server.ws import _pack
+
+    g = torch.Generator().manual_seed(0)
+    frames = [torch.randint(0, 256, (6, 4), dtype=torch.uint8, generator=g) for _ in range(3)]
+    frames[1] = frames[1].t()  # a non-contiguous frame is copied in its logical order
+    audio = np.linspace(-1, 1, 7, dtype="<f4")
+    header = {"type": "chunk", "frame_bytes": [f.numel() for f in frames]}
+    msg = _pack(header, *frames, audio.tobytes())
+    got_header, got_frames, got_audio = _unpack(bytes(msg))
+    assert got_header == header
+    assert [bytes(f) for f in got_frames] == [f.contiguous().numpy().tobytes() for f in frames]
+    np.testing.assert_array_equal(got_audio, audio)
+
+
 async def _ws_round_trip(server, fmt: str):
     from websockets.asyncio.client import connect
 
