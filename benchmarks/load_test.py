@@ -168,6 +168,15 @@ async def run_level(url: str, n: int, args, pcm, sr) -> dict:
             tasks = [asyncio.ensure_future(client(url, args, pcm, sr, s, stop)) for s in stats]
         peak_rss, peak_gpu, fps_seen, lag_p95, lag_max = before["rss_bytes"] or 0, 0, [], [], 0.0
         t_end = time.monotonic() + args.duration
+        timeline = None
+        if args.profile_s and args.url is None:  # the server runs in this process: profile its GPU and threads
+            from .gpu_timeline import profile_window
+
+            async def profiled() -> dict:
+                await asyncio.sleep(max(0.0, (args.duration - args.profile_s) / 2))  # mid-level, sessions warm
+                return await asyncio.to_thread(profile_window, args.profile_s)
+
+            timeline = asyncio.ensure_future(profiled())
         while time.monotonic() < t_end:
             await asyncio.sleep(1.0)
             m = (await c.get("/metrics")).json()
@@ -179,6 +188,7 @@ async def run_level(url: str, n: int, args, pcm, sr) -> dict:
             lag_max = max(lag_max, lag.get("max_ms", 0.0))
         stop.set()
         results = await asyncio.gather(*tasks)
+        profile = await timeline if timeline is not None else None
         if pool is not None:
             pool.shutdown()
             stats = [s for group in results for s in group]
@@ -233,6 +243,7 @@ async def run_level(url: str, n: int, args, pcm, sr) -> dict:
         "rss_before_mb": (before["rss_bytes"] or 0) / 1e6, "rss_peak_mb": peak_rss / 1e6, "rss_after_mb": (after["rss_bytes"] or 0) / 1e6,
         "gpu_before_mb": gpu(before) / 1e6, "gpu_peak_mb": peak_gpu / 1e6, "gpu_after_mb": gpu(after) / 1e6,
         "active_after": after["active_sessions"],
+        **({"gpu_timeline": profile} if profile else {}),
     }
 
 
@@ -259,6 +270,9 @@ def main() -> None:
     ap.add_argument("--switch-intervals", default=None,
                     help="comma-separated sys.setswitchinterval values (s): each level runs under each, in this "
                          "process (the server's GIL hand-off; Python's default is 0.005)")
+    ap.add_argument("--profile-s", type=float, default=0.0,
+                    help="profile this many seconds in the middle of each level (server started here): GPU busy "
+                         "share, kernels, and the CUDA runtime calls of every thread (gpu_timeline.py)")
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args()
     t0 = time.monotonic()
@@ -288,6 +302,10 @@ def main() -> None:
         print(f"[{time.monotonic() - t0:.0f} s] {n} sessions: {r['sustained']} sustained, {r['errors']} errors {r['error_samples'] or ''}",
               file=sys.stderr)
         print(" | ".join(f"{r[name]:>{len(name)}{fmt}}" for name, fmt in cols), flush=True)
+        if r.get("gpu_timeline"):
+            from .gpu_timeline import print_summary
+
+            print_summary(r["gpu_timeline"])
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
 

@@ -1,0 +1,28 @@
+"""The benchmark helpers whose arithmetic the GPU reports rely on."""
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.gpu_timeline import summarize_trace
+
+
+def _x(cat: str, name: str, ts: float, dur: float) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+
+def test_gpu_busy_share_counts_overlapping_kernels_once_and_idle_gaps_not_at_all():
+    trace = {"traceEvents": [
+        _x("kernel", "gemm", 0, 400_000),          # 0.0-0.4 s
+        _x("kernel", "splice", 300_000, 200_000),  # 0.3-0.5 s, overlaps on another stream
+        _x("gpu_memcpy", "Memcpy DtoH", 800_000, 200_000),  # 0.8-1.0 s
+        _x("cuda_runtime", "cudaGraphLaunch", 0, 50),
+        _x("cuda_runtime", "cudaStreamSynchronize", 10, 30_000),
+        _x("cuda_runtime", "cudaStreamSynchronize", 90, 10_000),
+        {"ph": "i", "cat": "kernel", "name": "marker", "ts": 0},  # not a duration event
+    ]}
+    s = summarize_trace(trace, seconds=1.0)
+    assert s["gpu_busy_share"] == pytest.approx(0.7)
+    assert s["device_ms_total"] == pytest.approx(800.0)
+    assert [k["name"] for k in s["top_kernels"]] == ["gemm", "splice", "Memcpy DtoH"]
+    sync = next(c for c in s["runtime"] if c["name"] == "cudaStreamSynchronize")
+    assert (sync["count"], sync["ms"], sync["max_ms"]) == (2, 40.0, 30.0)
