@@ -128,6 +128,35 @@ async def client(url: str, args, pcm: np.ndarray, sr: int, stats: dict, stop: as
         st["errors"].append(f"{type(e).__name__}: {e}")
 
 
+def watch_syncs() -> dict[tuple, tuple[str, str, int]]:
+    """Make every synchronising CUDA call in this process (the server's threads) warn, and
+    collect the distinct call sites: {stack key: (thread, stack text, count)}. For finding
+    what makes live sessions wait on the device; costs a warning per sync while on."""
+    import threading
+    import traceback
+    import warnings
+
+    import torch
+
+    sites: dict[tuple, tuple[str, str, int]] = {}
+    lock = threading.Lock()
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if "synchroniz" not in str(message):
+            return
+        stack = [f for f in traceback.extract_stack()[:-2] if "/warnings.py" not in f.filename]
+        key = tuple((f.filename, f.lineno) for f in stack[-5:])
+        with lock:
+            name, text, n = sites.get(key) or (threading.current_thread().name, "".join(traceback.format_list(stack[-7:])), 0)
+            sites[key] = (name, text, n + 1)
+
+    warnings.showwarning = show
+    warnings.simplefilter("always")
+    if torch.cuda.is_available():
+        torch.cuda.set_sync_debug_mode(1)
+    return sites
+
+
 def _new_stats() -> dict:
     return {"frames": 0, "speaking": 0, "late": [], "errors": []}
 
@@ -273,6 +302,9 @@ def main() -> None:
     ap.add_argument("--profile-s", type=float, default=0.0,
                     help="profile this many seconds in the middle of each level (server started here): GPU busy "
                          "share, kernels, and the CUDA runtime calls of every thread (gpu_timeline.py)")
+    ap.add_argument("--sync-debug", action="store_true",
+                    help="after the server's warm-up, report every synchronising CUDA call site of its threads "
+                         "(with counts) at the end of each level (server started here; slows it a little)")
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args()
     t0 = time.monotonic()
@@ -293,6 +325,7 @@ def main() -> None:
     rows = []
     intervals = [float(x) for x in args.switch_intervals.split(",")] if args.switch_intervals else [sys.getswitchinterval()]
     levels = [(n, si) for n in args.sessions for si in intervals]
+    syncs = watch_syncs() if args.sync_debug and args.url is None else None
     for n, si in levels:  # each level's row as soon as it is measured: a run cut short keeps them
         sys.setswitchinterval(si)
         print(f"[{time.monotonic() - t0:.0f} s] level of {n} sessions starts (switch interval {si * 1e3:g} ms)",
@@ -302,6 +335,10 @@ def main() -> None:
         print(f"[{time.monotonic() - t0:.0f} s] {n} sessions: {r['sustained']} sustained, {r['errors']} errors {r['error_samples'] or ''}",
               file=sys.stderr)
         print(" | ".join(f"{r[name]:>{len(name)}{fmt}}" for name, fmt in cols), flush=True)
+        if syncs is not None:
+            for name, text, count in sorted(syncs.values(), key=lambda v: -v[2]):
+                print(f"sync x{count} [{name}]\n{text}", file=sys.stderr)
+            syncs.clear()
         if r.get("gpu_timeline"):
             from .gpu_timeline import print_summary
 

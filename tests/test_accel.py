@@ -403,3 +403,28 @@ def test_tf32_context_restores_state():
         assert torch.get_float32_matmul_precision() == "highest"
     after = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision())
     assert after == before
+
+
+# ----------------------------------------------------------------------------- host_copy
+
+def test_host_copies_keep_values_and_dtype_on_the_cpu():
+    from newsstudio.accel.host_copy import tensor_on, to_device, to_host
+
+    x = torch.arange(6, dtype=torch.int64).reshape(2, 3)
+    y = to_device(x, "cpu", torch.float32)
+    assert y.dtype == torch.float32 and torch.equal(y, x.float())
+    assert to_host(x) is x  # already on the host: no copy
+    t = tensor_on([1, 2, 3], "cpu", torch.float16)
+    assert t.dtype == torch.float16 and t.tolist() == [1.0, 2.0, 3.0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_host_copies_through_pinned_memory_on_cuda():
+    from newsstudio.accel.host_copy import tensor_on, to_device, to_host
+
+    x = torch.randn(64, 33)
+    d = to_device(x[:, 1:], "cuda", torch.float16)  # a non-contiguous view, converted on the way
+    assert d.is_cuda and d.dtype == torch.float16
+    back = to_host(d)
+    assert back.is_pinned() and torch.equal(back, x[:, 1:].half())
+    assert tensor_on([3, 1], "cuda").tolist() == [3, 1]

@@ -42,6 +42,7 @@ import numpy as np
 import soxr
 import torch
 
+from .accel.host_copy import to_host
 from .audio.source import as_fraction, frame_sample, frames_for_samples
 from .avatar.packet import Packet
 from .compose.colour import nv12_to_rgb
@@ -819,7 +820,7 @@ class LiveSession:
         if kind == "idle" and idle is not None:
             return [idle.frame(i, stream) for i in range(k, k + m)]
         frames = stream.idle_frames(k, m, "nv12") if kind == "idle" else stream.render_frames(k, driving, "nv12")
-        frames = frames.to("cpu") if frames.device.type != "cpu" else frames
+        frames = to_host(frames)  # pinned + event: a pageable copy would stall every thread's launches
         self.stats.frames_rendered += m
         return list(frames.unbind(0))
 
@@ -909,7 +910,7 @@ class IdleFrames:
         f = self.frames.get(src)
         if f is None:
             f = stream.idle_frames(src, 1, "nv12")[0]
-            f = f.to("cpu") if f.device.type != "cpu" else f
+            f = to_host(f)
             with self.lock:
                 self.frames.setdefault(src, f)
         return f

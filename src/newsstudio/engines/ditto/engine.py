@@ -57,6 +57,7 @@ import numpy as np
 import torch
 
 from ...accel.precision import to_channels_last_
+from ...accel.host_copy import tensor_on, to_device, to_host
 from ...accel.settings import resolve_accel
 from ...accel.static import BucketedRunner, render_buckets
 from ...avatar.packet import Packet, PacketError
@@ -279,7 +280,7 @@ class DittoDriver(FrameQueue):
             return
         if self._blink is not None:
             b = [self._blink[(self._frames + i) % len(self._blink)] for i in range(n)]
-            blink = torch.tensor(b, device=self.device, dtype=torch.float32)[:, None]
+            blink = tensor_on(b, self.device, torch.float32)[:, None]
         else:
             blink = torch.zeros((n, 1), device=self.device)
         self._out.push(torch.cat([rows, self._d0.expand(n, -1), blink], dim=1))
@@ -485,7 +486,7 @@ class DittoEngine(Engine):
         be, through the streams' shared batcher on a server."""
         if self._hubert_runner is None:
             return self.models.hubert(windows)
-        windows = windows.to(self.device, torch.float32)
+        windows = to_device(windows, self.device, torch.float32)
         return self.audio_batcher(windows) if self.audio_batcher is not None else self._hubert_runner(windows)
 
     def driver(self, layer: AvatarLayer) -> FrameQueue:
@@ -518,7 +519,7 @@ class DittoEngine(Engine):
             st: MotionStitcher = d["stitcher"]
             st.d0 = motion_rows_to_info(rows[:, MOTION_DIM : 2 * MOTION_DIM]) if self.config.relative_d else None
             if st.delta_eye_arr is not None and st.drive_eye:
-                st.blink_idx = [int(v) for v in rows[:, 2 * MOTION_DIM].round().tolist()]
+                st.blink_idx = [int(v) for v in to_host(rows[:, 2 * MOTION_DIM].round()).tolist()]
                 st.idx = 0
             res = st(x_s_info, motion_rows_to_info(rows[:, :MOTION_DIM]))
         keep = idle[:, None, None]

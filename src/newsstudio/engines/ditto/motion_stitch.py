@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from newsstudio.engines.ditto.models.stitching_network import StitchingNetwork
+from ...accel.host_copy import tensor_on
+from .models.stitching_network import StitchingNetwork
 
 NUM_KP = 21
 POSE_KEYS = ("pitch", "yaw", "roll")
@@ -303,7 +304,7 @@ class MotionStitcher:
         if self.drive_eye and self.delta_eye_arr is not None:
             a2 = _rows_mask(EYE_ROWS, dev, dt)
             blink = [self.blink_idx[(self.idx + i) % len(self.blink_idx)] for i in range(n)]
-            delta = self.delta_eye_arr.to(dev, dt).reshape(-1, 63)[torch.tensor(blink, device=dev)]
+            delta = self.delta_eye_arr.to(dev, dt).reshape(-1, 63)[tensor_on(blink, dev)]
             return exp_d * (a1 * (1 - a2)) + exp_s * ((1 - a1) + a1 * a2) + delta * a2, blink
         if self.drive_eye:
             a1 = torch.maximum(a1, _rows_mask(EYE_ROWS, dev, dt))

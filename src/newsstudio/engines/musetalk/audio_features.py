@@ -29,6 +29,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ...accel.host_copy import to_device
+
 SAMPLE_RATE = 16000
 N_FFT = 400
 HOP_LENGTH = 160
@@ -215,7 +217,7 @@ def whisper_hidden_states(encoder: nn.Module, waveform: np.ndarray | torch.Tenso
         elif mel == "torch":
             rows = torch.zeros(len(batch), PIECE_SAMPLES, dtype=torch.float32, device=device)
             for j, p in enumerate(batch):
-                rows[j, :p.shape[0]] = p.to(device=device, dtype=torch.float32)
+                rows[j, :p.shape[0]] = to_device(p, device, torch.float32)
             feats = log_mel(rows)
         else:
             raise ValueError(f"mel must be 'torch' or 'hf', got {mel!r}")
@@ -287,7 +289,7 @@ def gather_windows(rows: torch.Tensor, row_offset: int, valid_rows: int, frames:
             raise ValueError(f"rows {src_lo}..{src_hi - 1} needed but the block holds "
                              f"{row_offset}..{row_offset + rows.shape[0] - 1}")
         buf[src_lo - lo:src_hi - lo] = rows[src_lo - row_offset:src_hi - row_offset]
-    idx = (starts - lo).to(rows.device)[:, None] + torch.arange(windowing.length, device=rows.device)[None, :]
+    idx = to_device(starts - lo, rows.device)[:, None] + torch.arange(windowing.length, device=rows.device)[None, :]
     return buf[idx].reshape(frames.numel(), windowing.length * h, d)
 
 
