@@ -39,7 +39,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def start_server(args) -> tuple[str, object]:
+def start_server(args) -> tuple[str, object, object]:
     import uvicorn
     from PIL import Image
     from skimage import data
@@ -62,7 +62,7 @@ def start_server(args) -> tuple[str, object]:
     threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
     while not server.started:
         time.sleep(0.05)
-    return f"http://127.0.0.1:{sock.getsockname()[1]}", server
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", server, cfg
 
 
 def load_speech(path: str | None) -> tuple[np.ndarray, int]:
@@ -299,6 +299,8 @@ def main() -> None:
     ap.add_argument("--switch-intervals", default=None,
                     help="comma-separated sys.setswitchinterval values (s): each level runs under each, in this "
                          "process (the server's GIL hand-off; Python's default is 0.005)")
+    ap.add_argument("--render-leads", default=None,
+                    help="comma-separated ServerConfig.render_lead_s values (s): each level runs under each (server started here)")
     ap.add_argument("--profile-s", type=float, default=0.0,
                     help="profile this many seconds in the middle of each level (server started here): GPU busy "
                          "share, kernels, and the CUDA runtime calls of every thread (gpu_timeline.py)")
@@ -311,12 +313,13 @@ def main() -> None:
     args.sessions = [int(x) for x in args.sessions.split(",") if x]
     pcm, sr = load_speech(args.speech)
     url = args.url
+    server_cfg = None
     if url is None:
-        url, _server = start_server(args)
+        url, _server, server_cfg = start_server(args)
     health = httpx.get(url + "/health", timeout=30).json()
     print(f"server {url} ready after {time.monotonic() - t0:.0f} s: device {health['device']}, default engine "
           f"{health['default_engine']}; {args.format} chunks of {args.chunk_frames} frames, {args.duration:.0f} s per level", file=sys.stderr)
-    cols = [("sessions", "d"), ("switch_interval_ms", "g"), ("sustained", "d"), ("errors", "d"), ("fps_min", ".1f"), ("fps_median", ".1f"), ("jitter_p95_ms", ".1f"), ("late_p50_ms", ".1f"),
+    cols = [("sessions", "d"), ("switch_interval_ms", "g"), ("render_lead_ms", "g"), ("sustained", "d"), ("errors", "d"), ("fps_min", ".1f"), ("fps_median", ".1f"), ("jitter_p95_ms", ".1f"), ("late_p50_ms", ".1f"),
             ("late_p95_ms", ".1f"), ("late_max_ms", ".1f"), ("server_fps", ".1f"), ("loop_lag_p95_ms", ".1f"), ("loop_lag_max_ms", ".0f"), ("speaking_share", ".2f"), ("rss_before_mb", ".0f"),
             ("rss_peak_mb", ".0f"), ("rss_after_mb", ".0f"), ("gpu_before_mb", ".0f"), ("gpu_peak_mb", ".0f"), ("gpu_after_mb", ".0f"),
             ("batch_frames_mean", ".1f"), ("render_wait_ms_mean", ".1f"), ("render_busy_share", ".2f"), ("audio_busy_share", ".2f"),
@@ -324,13 +327,17 @@ def main() -> None:
     print(" | ".join(name for name, _ in cols), flush=True)
     rows = []
     intervals = [float(x) for x in args.switch_intervals.split(",")] if args.switch_intervals else [sys.getswitchinterval()]
-    levels = [(n, si) for n in args.sessions for si in intervals]
+    leads = [float(x) for x in args.render_leads.split(",")] if args.render_leads and server_cfg is not None else [None]
+    levels = [(n, si, lead) for n in args.sessions for si in intervals for lead in leads]
     syncs = watch_syncs() if args.sync_debug and args.url is None else None
-    for n, si in levels:  # each level's row as soon as it is measured: a run cut short keeps them
+    for n, si, lead in levels:  # each level's row as soon as it is measured: a run cut short keeps them
         sys.setswitchinterval(si)
-        print(f"[{time.monotonic() - t0:.0f} s] level of {n} sessions starts (switch interval {si * 1e3:g} ms)",
-              file=sys.stderr, flush=True)
-        rows.append({**asyncio.run(run_level(url, n, args, pcm, sr)), "switch_interval_ms": si * 1e3})
+        if lead is not None:
+            server_cfg.render_lead_s = lead  # read by each new session (prebuffer) and its WebSocket pump
+        print(f"[{time.monotonic() - t0:.0f} s] level of {n} sessions starts (switch interval {si * 1e3:g} ms"
+              f"{'' if lead is None else f', render lead {lead * 1e3:g} ms'})", file=sys.stderr, flush=True)
+        rows.append({**asyncio.run(run_level(url, n, args, pcm, sr)), "switch_interval_ms": si * 1e3,
+                     "render_lead_ms": (lead if lead is not None else getattr(server_cfg, "render_lead_s", 0.0)) * 1e3})
         r = rows[-1]
         print(f"[{time.monotonic() - t0:.0f} s] {n} sessions: {r['sustained']} sustained, {r['errors']} errors {r['error_samples'] or ''}",
               file=sys.stderr)

@@ -47,6 +47,11 @@ class ServerConfig:
     ws_close_timeout_s: float = 30.0
     prebuffer_s: float = 0.12
     render_ahead: int = 4
+    render_lead_s: float = 0.0
+    """WebSocket chunks are rendered this long before they are due (sent as soon as ready), so the
+    render latency of a busy shared GPU batch does not reach the client as jitter. Sessions'
+    speech prebuffer grows by the same amount (the frames rendered early still have their audio),
+    and so does the worst-case interrupt latency."""
     webrtc_connect_timeout_s: float = 30.0
     time_source: Callable[[], float] | None = None
     """Injectable media-clock time source (tests: simulated or scaled time)."""
@@ -178,7 +183,7 @@ class ServerState:
         def factory(on_close):
             s = LiveSession(
                 eng, packet, fps=rate, time_source=self.cfg.time_source, render_ahead=self.cfg.render_ahead,
-                prebuffer_s=self.cfg.prebuffer_s, engine_name=name, on_close=on_close,
+                prebuffer_s=self.cfg.prebuffer_s + self.cfg.render_lead_s, engine_name=name, on_close=on_close,
                 renderer=self.engines.renderer(name),
             )
             s.transport = transport

@@ -18,8 +18,8 @@
         frame_start, num_frames, is_last, pts (seconds), audio_start (output sample index),
         sample_rate, plus format, width, height, frame_bytes (size of each frame's bytes:
         raw NV12 (H*3/2 x W) or one H.264 Annex-B access unit), audio_format ("f32le"),
-        channels (1), audio_samples, state. Chunk k is sent when its first frame is due on
-        the session's media clock.
+        channels (1), audio_samples, state. Chunk k is rendered when its first frame is due on
+        the session's media clock (less the server's render_lead_s) and sent when ready.
   text  {"type": "error", "message"} before a close with a reason
 
 A client that stops reading: chunks wait in a bounded queue (ws_send_queue chunks). When it
@@ -318,7 +318,7 @@ class WsSession:
         idx = 0
         try:
             while not s.closed:
-                await clock.sleep_until(clock.video_time(k))
+                await clock.sleep_until(clock.video_time(k) - self.state.cfg.render_lead_s)
                 now = clock.now()
                 if clock.video_time(k) < now - LATE_S:  # stalled, overloaded, or the clock jumped: skip ahead, stay live
                     k = clock.next_frame(now)
