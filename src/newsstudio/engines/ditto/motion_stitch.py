@@ -458,7 +458,19 @@ def _fix_gaze(exp: Tensor, yaw_d: Tensor, pitch_d: Tensor, yaw_s: Tensor, pitch_
     add[:, 45] = dx * torch.where(pos, 0.001, 0.0007)
     add[:, 34] = dy * -0.001
     add[:, 46] = dy * -0.001
-    cols = [33, 34, 45, 46]
+    cols = _gaze_columns(exp.device)
     out = exp.clone()
     out[:, cols] = exp[:, cols] + add[:, cols].to(exp.dtype)
     return out
+
+
+_GAZE_COLUMNS: dict[str, Tensor] = {}
+
+
+def _gaze_columns(device: torch.device) -> Tensor:
+    """The eye-ball expression columns as an index tensor on the device, made once: indexing with
+    a Python list uploads it on every call (a synchronising copy in the render thread, every batch)."""
+    key = str(device)
+    if key not in _GAZE_COLUMNS:
+        _GAZE_COLUMNS[key] = torch.tensor([33, 34, 45, 46], device=device)
+    return _GAZE_COLUMNS[key]
