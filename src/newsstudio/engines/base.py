@@ -222,3 +222,16 @@ def pingpong_index(i: np.ndarray | torch.Tensor | int, n_frames: int):
     if isinstance(p, int):
         return p if p < n_frames else 2 * n_frames - 1 - p
     return torch.where(p < n_frames, p, 2 * n_frames - 1 - p) if isinstance(p, torch.Tensor) else np.where(p < n_frames, p, 2 * n_frames - 1 - p)
+
+
+def same_layer_runs(items: list[tuple[AvatarLayer, torch.Tensor, torch.Tensor]]) -> list[list[int]]:
+    """Positions of ``items`` (render requests) grouped into runs of consecutive items on the same
+    avatar layer: a shared batch is mostly many sessions of one presenter, and an engine can
+    gather, stitch and resize such a run in one go instead of once per session."""
+    runs: list[list[int]] = []
+    for k, (layer, _, _) in enumerate(items):
+        if runs and items[runs[-1][0]][0] is layer:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    return runs

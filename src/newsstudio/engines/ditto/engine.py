@@ -62,7 +62,8 @@ from ...accel.settings import resolve_accel
 from ...accel.static import BucketedRunner, render_buckets
 from ...avatar.packet import Packet, PacketError
 from ...compose.splice import sample_crops_to_roi
-from ..base import AvatarLayer, Engine, FrameQueue, TensorFrameQueue, neural_defaults, pingpong_index, warn_random_weights
+from ..base import (AvatarLayer, Engine, FrameQueue, TensorFrameQueue, neural_defaults, pingpong_index, same_layer_runs,
+                    warn_random_weights)
 from ..batching import TensorBatcher
 from ..model_cache import ModelCache
 from .config import DittoConfig, load_config
@@ -529,30 +530,39 @@ class DittoEngine(Engine):
         return self.render_many([(layer, driving, frame_idx)])[0]
 
     def render_many(self, items: list[tuple[AvatarLayer, torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
-        """Dense items of any avatars through ONE warp + decoder batch (keypoints are stitched per
-        avatar first), each then sampled into its own ROI; stride-mode rows go to the stride
-        renderer, which batches per stream itself."""
+        """Dense items of any avatars through ONE warp + decoder batch, each then sampled into its
+        own ROI; consecutive items of one avatar (many sessions of one presenter) are stitched,
+        gathered and sampled as one run (the stitching is row by row: the same keypoints as one
+        call per item, far fewer small launches). Stride-mode rows go to the stride renderer,
+        which batches per stream itself."""
         dev = self.device
         out: list[torch.Tensor | None] = [None] * len(items)
-        dense: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        dense_k: list[int] = []
         with torch.inference_mode():
             for k, (layer, driving, frame_idx) in enumerate(items):
                 if self._strider is not None and driving.shape[-1] == self._strider.width:
                     out[k] = self._strider.render(layer, driving, frame_idx)  # stride mode; dense rows (idle) below
-                    continue
-                d = layer.data
-                idx = frame_idx.to(dev)
+                else:
+                    dense_k.append(k)
+            dense = [items[k] for k in dense_k]
+            runs: list[tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+            for run in same_layer_runs(dense):
+                layer, d = dense[run[0]][0], dense[run[0]][0].data
+                idx = torch.cat([dense[j][2].to(dev) for j in run])
+                driving = torch.cat([dense[j][1].to(dev, torch.float32) for j in run])
                 x_s, x_d = self.keypoints(layer, driving, idx)
                 src_idx = idx.to(d["f_s"].device)
                 f_s = d["f_s"].index_select(0, src_idx).to(dev, self.dtype, non_blocking=True)
                 grid = d["grid"].index_select(0, src_idx).to(dev, non_blocking=True)
-                dense.append((k, f_s, x_s, x_d, grid))
-            if dense:
-                crops = self._crop_runner(*(torch.cat([e[i] for e in dense]) for i in (1, 2, 3)))
+                runs.append(([dense_k[j] for j in run], f_s, x_s, x_d, grid))
+            if runs:
+                crops = self._crop_runner(*(torch.cat([r[i] for r in runs]) for i in (1, 2, 3)))
                 s = 0
-                for k, f_s, _, _, grid in dense:
+                for ks, f_s, _, _, grid in runs:
                     n = int(f_s.shape[0])
-                    out[k] = sample_crops_to_roi(crops[s:s + n], grid)
+                    roi = sample_crops_to_roi(crops[s:s + n], grid)
+                    for k, part in zip(ks, torch.split(roi, [int(items[k][2].shape[0]) for k in ks])):
+                        out[k] = part
                     s += n
         return out  # type: ignore[return-value]
 

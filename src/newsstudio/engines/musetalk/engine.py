@@ -40,7 +40,8 @@ from ...accel.static import BucketedRunner, render_buckets
 from ...accel.upsample_conv import with_phase_upsampling
 from ...audio.source import as_fraction, frames_for_samples
 from ...avatar.packet import Packet, PacketError
-from ..base import AvatarLayer, Engine, FrameQueue, TensorFrameQueue, neural_defaults, warn_random_weights
+from ..base import (AvatarLayer, Engine, FrameQueue, TensorFrameQueue, neural_defaults, same_layer_runs,
+                    warn_random_weights)
 from ..batching import TensorBatcher
 from ..model_cache import ModelCache
 from .audio_features import (SAMPLE_RATE, PositionalEncoding, StatesFn, StreamingAudioFeatures, audio_prompts,
@@ -215,17 +216,6 @@ class MuseTalkConditioner(FrameQueue):
 # ------------------------------------------------------------------------------------- engine
 
 WHISPER_BUCKET_MAX = 16  # 30 s pieces per Whisper call (several live streams' updates at once)
-
-
-def _same_layer_runs(items: list[tuple[AvatarLayer, torch.Tensor, torch.Tensor]]) -> list[list[int]]:
-    """Positions of ``items`` grouped into runs of consecutive items on the same avatar layer."""
-    runs: list[list[int]] = []
-    for k, (layer, _, _) in enumerate(items):
-        if runs and items[runs[-1][0]][0] is layer:
-            runs[-1].append(k)
-        else:
-            runs.append([k])
-    return runs
 
 
 class MuseTalkEngine(Engine):
@@ -420,7 +410,7 @@ class MuseTalkEngine(Engine):
         render thread's per-batch work does not grow with the number of sessions."""
         dev = self.device
         with torch.inference_mode():
-            runs = _same_layer_runs(items)
+            runs = same_layer_runs(items)
             idxs = [torch.cat([items[k][2].to(dev) for k in run]) for run in runs]
             latents = torch.cat([items[run[0]][0].data["latents"].index_select(0, idx) for run, idx in zip(runs, idxs)])
             prompts = torch.cat([d.to(dev, self.dtype) for _, d, _ in items])
