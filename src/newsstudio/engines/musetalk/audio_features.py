@@ -104,7 +104,7 @@ def _as_waveform(wave: np.ndarray | torch.Tensor | Sequence[float], device: torc
         t = wave
     else:
         t = torch.from_numpy(np.ascontiguousarray(np.asarray(wave, dtype=np.float32)))
-    return t.to(device=device if device is not None else t.device, dtype=torch.float32)
+    return to_device(t, device if device is not None else t.device, torch.float32)
 
 
 @torch.no_grad()
