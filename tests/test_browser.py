@@ -268,6 +268,8 @@ def test_page_streams_the_live_microphone(site, tmp_path):
                 t_stop = await page.evaluate("performance.now()")
                 await page.click("#live-mic")
                 await page.wait_for_function("window.newsstudio.mic.phase === 'off'", timeout=5000)
+                # the close handshake needs the server's reply: give it a moment on a loaded machine
+                await page.wait_for_function("window.newsstudio.mic.socket === 'closed'", timeout=3000)
                 mic_after = await page.evaluate("window.newsstudio.mic")
                 idle_after = None
                 for _ in range(100):
