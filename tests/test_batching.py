@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from newsstudio.avatar.packet import open_packet
-from newsstudio.engines.batching import RenderBatcher
+from newsstudio.engines.batching import RenderBatcher, TensorBatcher
 from newsstudio.engines.classic.engine import ClassicEngine
 from tests.conftest import media_path
 
@@ -278,3 +278,38 @@ def test_streams_sharing_the_engine_batchers_get_what_they_get_alone(name, two_l
     assert not torch.allclose(alone[0], alone[1])  # the streams differ: the test can fail
     g = got[0]
     g += 0  # normal tensors: a caller outside inference mode may update them in place
+
+
+def test_a_batcher_asked_for_its_own_stream_on_the_cpu_runs_as_usual():
+    b = TensorBatcher(lambda x: x * 2, max_rows=8, device="cpu", own_stream=True)
+    try:
+        assert not b.own_stream  # streams are a CUDA thing
+        assert torch.equal(b(torch.arange(3.0)), torch.tensor([0.0, 2.0, 4.0]))
+    finally:
+        b.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_own_stream_batcher_hands_over_finished_outputs_that_the_callers_stream_can_use():
+    """Callers' inputs made on the default stream, a slow batch on the worker's stream, and the
+    caller consuming the outputs on the default stream at once: every row as fn computes it."""
+    w = torch.randn(512, 512, device="cuda")
+
+    def slow(x: torch.Tensor) -> torch.Tensor:
+        for _ in range(20):  # enough device work that a missing wait would show
+            x = torch.tanh(x @ w)
+        return x
+
+    b = TensorBatcher(slow, max_rows=16, device="cuda", own_stream=True)
+    try:
+        assert b.own_stream
+        xs = [torch.randn(4, 512, device="cuda") * (k + 1) for k in range(6)]
+        with torch.inference_mode():
+            outs = [b(x) for x in xs]
+            consumed = [o.sum(dim=1) for o in outs]  # on the default stream, right away
+            for x, o, c in zip(xs, outs, consumed):
+                ref = slow(x)
+                torch.testing.assert_close(o, ref)
+                torch.testing.assert_close(c, ref.sum(dim=1))
+    finally:
+        b.close()

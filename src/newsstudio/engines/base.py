@@ -203,10 +203,11 @@ class Engine(ABC):
         stream does not wait for it (a server calls this at start). Returns the seconds spent."""
         return 0.0
 
-    def use_stream_batchers(self) -> dict[str, Any]:
+    def use_stream_batchers(self, own_streams: bool = False) -> dict[str, Any]:
         """Shared `engines.batching.Batcher`s for the per-stream stages that many live streams can
         run together (audio encoders, motion sampling), by stage name; streams created afterwards
-        use them. A server calls this once per engine (and reports and closes what it gets)."""
+        use them. A server calls this once per engine (and reports and closes what it gets).
+        ``own_streams``: each runs on a CUDA stream of its own (batching.py's module doc)."""
         return {}
 
 

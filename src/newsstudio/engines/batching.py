@@ -16,6 +16,13 @@ request, so one stream's bad input fails only that stream.
 `Batcher` is the generic queue + worker; `RenderBatcher` batches `engine.render_many`, and
 `engines.ditto.lmdm.MotionBatcher` batches Ditto's LMDM windows (each stream still draws its own
 noises, so its motion is what it would sample alone).
+
+``own_stream`` (CUDA only): the worker runs its batches on a CUDA stream of its own instead of the
+default stream every server thread shares. Why: that stream is one in-order queue, so a front-end
+burst (an LMDM window, a Whisper re-encode) delays every session's render and copy-out queued
+behind it. The worker makes its stream wait for the callers' work (its inputs), waits for its own
+batch to finish, and marks the outputs as used by the default stream (``record_stream``) before
+handing them over: callers get finished tensors and the memory is not reused under them.
 """
 from __future__ import annotations
 
@@ -73,9 +80,13 @@ class Batcher(Generic[T, R]):
     toward ``max_frames`` per batch. `close()` stops the thread (pending requests fail)."""
 
     def __init__(self, run_many: Callable[[list[T]], list[R]], size_of: Callable[[T], int], *, max_frames: int = 32,
-                 window_s: float = 0.0, autostart: bool = True, name: str = "batcher"):
+                 window_s: float = 0.0, autostart: bool = True, name: str = "batcher",
+                 device: torch.device | str | None = None, own_stream: bool = False):
         if max_frames < 1:
             raise ValueError(f"max_frames must be >= 1, got {max_frames}")
+        self.device = torch.device(device) if device is not None else None
+        self.own_stream = bool(own_stream) and self.device is not None and self.device.type == "cuda"
+        self._stream: torch.cuda.Stream | None = None
         self.run_many, self.size_of = run_many, size_of
         self.max_frames = int(max_frames)
         self.window_s = float(window_s)
@@ -162,7 +173,8 @@ class Batcher(Generic[T, R]):
         s.largest_batch = max(s.largest_batch, sum(r.size for r in batch))
         try:
             with torch.inference_mode():
-                outs = self.run_many([r.item for r in batch])
+                items = [r.item for r in batch]
+                outs = self._run_on_own_stream(items) if self.own_stream else self.run_many(items)
         except BaseException as exc:  # noqa: BLE001 - retried one by one below
             if len(batch) == 1:
                 batch[0].future.set_exception(exc)
@@ -172,6 +184,31 @@ class Batcher(Generic[T, R]):
             return
         for r, out in zip(batch, outs):
             r.future.set_result(out)
+
+
+    def _run_on_own_stream(self, items: list[T]) -> list[R]:
+        """`run_many` on this worker's CUDA stream, handed over finished (see the module doc)."""
+        callers = torch.cuda.default_stream(self.device)
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=self.device)
+        own = self._stream
+        own.wait_stream(callers)  # the inputs were made on the callers' stream
+        with torch.cuda.stream(own):
+            outs = self.run_many(items)
+        own.synchronize()
+        for t in _cuda_tensors(outs):
+            t.record_stream(callers)  # freed by a caller: not reused until the callers' queued work is done
+        return outs
+
+
+def _cuda_tensors(tree: object) -> list[torch.Tensor]:
+    if isinstance(tree, torch.Tensor):
+        return [tree] if tree.is_cuda else []
+    if isinstance(tree, (list, tuple)):
+        return [t for x in tree for t in _cuda_tensors(x)]
+    if isinstance(tree, dict):
+        return [t for x in tree.values() for t in _cuda_tensors(x)]
+    return []
 
 
 class RenderBatcher(Batcher[tuple[AvatarLayer, torch.Tensor, torch.Tensor], torch.Tensor]):
@@ -197,8 +234,9 @@ class TensorBatcher(Batcher[torch.Tensor, torch.Tensor]):
     ``batcher(x)`` blocks and returns ``fn(x)`` for the caller's own rows, as normal tensors."""
 
     def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], max_rows: int = 16, name: str = "tensor-batcher",
-                 autostart: bool = True):
-        super().__init__(self._run_rows, lambda x: int(x.shape[0]), max_frames=max_rows, autostart=autostart, name=name)
+                 autostart: bool = True, device: torch.device | str | None = None, own_stream: bool = False):
+        super().__init__(self._run_rows, lambda x: int(x.shape[0]), max_frames=max_rows, autostart=autostart, name=name,
+                         device=device, own_stream=own_stream)
         self.fn = fn
 
     def _run_rows(self, items: list[torch.Tensor]) -> list[torch.Tensor]:

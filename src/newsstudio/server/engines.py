@@ -20,9 +20,10 @@ class EngineUnavailable(RuntimeError):
 
 class EnginePool:
     def __init__(self, default: str, device: torch.device, weights: str, models: Any, accel: str = "auto",
-                 batch_sessions: bool = True):
+                 batch_sessions: bool = True, front_end_streams: bool = False):
         self.device = device
         self.batch_sessions = batch_sessions
+        self.front_end_streams = front_end_streams
         self._batchers: dict[str, Batcher] = {}  # per engine its RenderBatcher, plus "<engine>/<stage>" ones
         self.weights = weights
         self.models = models
@@ -76,7 +77,7 @@ class EnginePool:
             b = self._batchers.get(name)
             if b is None:
                 b = self._batchers[name] = RenderBatcher(eng)
-                for stage, shared in eng.use_stream_batchers().items():  # audio encoders, Ditto's LMDM windows
+                for stage, shared in eng.use_stream_batchers(own_streams=self.front_end_streams).items():  # audio encoders, Ditto's LMDM windows
                     self._batchers[f"{name}/{stage}"] = shared
         return b.render  # type: ignore[attr-defined]  # the engine's own key holds its RenderBatcher
 

@@ -47,6 +47,10 @@ class ServerConfig:
     ws_close_timeout_s: float = 30.0
     prebuffer_s: float = 0.12
     render_ahead: int = 4
+    front_end_streams: bool = False
+    """The shared front-end batchers (Whisper / HuBERT encoders, Ditto's LMDM windows) run on CUDA
+    streams of their own, so their bursts do not queue in front of the sessions' renders and
+    copy-outs on the one default stream (engines/batching.py). Off until measured on a GPU."""
     render_lead_s: float = 0.0
     """WebSocket chunks are rendered this long before they are due (sent as soon as ready), so the
     render latency of a busy shared GPU batch does not reach the client as jitter. Sessions'
@@ -135,7 +139,8 @@ class ServerState:
         self.clips_dir = Path(clips).resolve()
         self.clips_dir.mkdir(parents=True, exist_ok=True)
         self.fps = Fraction(cfg.fps).limit_denominator(1001)
-        self.engines = EnginePool(cfg.engine, self.device, cfg.weights, cfg.models, cfg.accel, cfg.batch_sessions)
+        self.engines = EnginePool(cfg.engine, self.device, cfg.weights, cfg.models, cfg.accel, cfg.batch_sessions,
+                                  cfg.front_end_streams)
         self.sessions = SessionManager(cfg.max_sessions)
         self.jobs = JobManager({"prebake": 1, "clip": 2}, keep=cfg.jobs_kept)
         self.metrics = Metrics()

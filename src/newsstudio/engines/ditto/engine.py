@@ -589,22 +589,23 @@ class DittoEngine(Engine):
         """The dense render's crops: (B, 3, 512, 512) float in [0, 255]."""
         return self.warp_decode(f_s, x_s, x_d)[0].float().clamp_(0, 1).mul_(255.0)
 
-    def use_stream_batchers(self) -> dict[str, Any]:
+    def use_stream_batchers(self, own_streams: bool = False) -> dict[str, Any]:
         """On a server: the streams' LMDM windows sample in one DDIM run (`use_motion_batcher`) and
         their HuBERT windows encode in one call (each stream's features as alone)."""
-        out: dict[str, Any] = {"motion": self.use_motion_batcher()}
+        out: dict[str, Any] = {"motion": self.use_motion_batcher(own_stream=own_streams)}
         if self._hubert_runner is not None:
             if self.audio_batcher is None:
-                self.audio_batcher = TensorBatcher(self._hubert_runner, max_rows=HUBERT_BUCKET_MAX, name="ditto-hubert")
+                self.audio_batcher = TensorBatcher(self._hubert_runner, max_rows=HUBERT_BUCKET_MAX, name="ditto-hubert",
+                                                   device=self.device, own_stream=own_streams)
             out["audio"] = self.audio_batcher
         return out
 
-    def use_motion_batcher(self, max_windows: int = 256) -> MotionBatcher:
+    def use_motion_batcher(self, max_windows: int = 256, own_stream: bool = False) -> MotionBatcher:
         """Make every stream created from now on sample its LMDM windows through one shared
         `MotionBatcher` (same motion as alone; many streams' windows per DDIM run)."""
         if self.motion_batcher is None:
             self.motion_batcher = MotionBatcher(self.models.lmdm, steps=int(self.config.steps), max_windows=max_windows,
-                                                accel=self.front_end_accel)
+                                                accel=self.front_end_accel, own_stream=own_stream)
         return self.motion_batcher
 
     def warm_up(self) -> float:

@@ -337,10 +337,11 @@ class MotionBatcher(Batcher):
     would sample alone. ``max_windows`` caps a batch."""
 
     def __init__(self, lmdm: LMDM, steps: int, eta: float = 1.0, max_windows: int = 256, autostart: bool = True,
-                 accel: str = "eager"):
+                 accel: str = "eager", own_stream: bool = False):
         self.sampler = DDIMSampler(lmdm, steps=steps, eta=eta, accel=accel)
         super().__init__(self._sample_many, lambda item: int(item[1].shape[0]), max_frames=max_windows,
-                         autostart=autostart, name="motion-batcher")
+                         autostart=autostart, name="motion-batcher", device=next(lmdm.parameters()).device,
+                         own_stream=own_stream)
 
     def _sample_many(self, items: list[tuple[Tensor, Tensor, Tensor, Tensor]]) -> list[Tensor]:
         kp, aud, x_T, noise = (torch.cat([it[k] for it in items], dim=1 if k == 3 else 0) for k in range(4))

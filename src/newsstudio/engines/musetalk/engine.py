@@ -393,11 +393,12 @@ class MuseTalkEngine(Engine):
         shared batcher on a server."""
         return self.audio_batcher(mel) if self.audio_batcher is not None else self._whisper_runner(mel)
 
-    def use_stream_batchers(self) -> dict[str, TensorBatcher]:
+    def use_stream_batchers(self, own_streams: bool = False) -> dict[str, TensorBatcher]:
         """Live streams re-encode their current 30 s Whisper piece every 100 ms; on a server their
         encoder runs share one batched call (same features as alone: the pieces are independent)."""
         if self.audio_batcher is None:
-            self.audio_batcher = TensorBatcher(self._whisper_runner, max_rows=WHISPER_BUCKET_MAX, name="musetalk-whisper")
+            self.audio_batcher = TensorBatcher(self._whisper_runner, max_rows=WHISPER_BUCKET_MAX, name="musetalk-whisper",
+                                               device=self.device, own_stream=own_streams)
         return {"audio": self.audio_batcher}
 
     def render(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> torch.Tensor:
