@@ -49,6 +49,7 @@ class _Request(Generic[T]):
     size: int
     future: Future = field(default_factory=Future)
     queued_at: float = field(default_factory=time.monotonic)
+    stream: "torch.cuda.Stream | None" = None  # the caller's CUDA stream (own_stream batchers)
 
 
 @dataclass
@@ -103,6 +104,8 @@ class Batcher(Generic[T, R]):
         if self._closed:
             raise RuntimeError(f"{type(self).__name__} is closed")
         req = _Request(item, int(self.size_of(item)))
+        if self.own_stream:
+            req.stream = torch.cuda.current_stream(self.device)
         self._q.put(req)
         if self._autostart:
             self.start()
@@ -174,7 +177,7 @@ class Batcher(Generic[T, R]):
         try:
             with torch.inference_mode():
                 items = [r.item for r in batch]
-                outs = self._run_on_own_stream(items) if self.own_stream else self.run_many(items)
+                outs = self._run_on_own_stream(items, batch) if self.own_stream else self.run_many(items)
         except BaseException as exc:  # noqa: BLE001 - retried one by one below
             if len(batch) == 1:
                 batch[0].future.set_exception(exc)
@@ -186,18 +189,20 @@ class Batcher(Generic[T, R]):
             r.future.set_result(out)
 
 
-    def _run_on_own_stream(self, items: list[T]) -> list[R]:
+    def _run_on_own_stream(self, items: list[T], batch: list[_Request[T]]) -> list[R]:
         """`run_many` on this worker's CUDA stream, handed over finished (see the module doc)."""
-        callers = torch.cuda.default_stream(self.device)
         if self._stream is None:
             self._stream = torch.cuda.Stream(device=self.device)
         own = self._stream
-        own.wait_stream(callers)  # the inputs were made on the callers' stream
+        callers = {r.stream for r in batch if r.stream is not None} or {torch.cuda.default_stream(self.device)}
+        for s in callers:
+            own.wait_stream(s)  # the inputs were made there
         with torch.cuda.stream(own):
             outs = self.run_many(items)
         own.synchronize()
-        for t in _cuda_tensors(outs):
-            t.record_stream(callers)  # freed by a caller: not reused until the callers' queued work is done
+        for r, out in zip(batch, outs):
+            for t in _cuda_tensors(out):  # freed by its caller: not reused before that caller's queued work is done
+                t.record_stream(r.stream or torch.cuda.default_stream(self.device))
         return outs
 
 
