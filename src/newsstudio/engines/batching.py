@@ -20,9 +20,10 @@ noises, so its motion is what it would sample alone).
 ``own_stream`` (CUDA only): the worker runs its batches on a CUDA stream of its own instead of the
 default stream every server thread shares. Why: that stream is one in-order queue, so a front-end
 burst (an LMDM window, a Whisper re-encode) delays every session's render and copy-out queued
-behind it. The worker makes its stream wait for the callers' work (its inputs), waits for its own
-batch to finish, and marks the outputs as used by the default stream (``record_stream``) before
-handing them over: callers get finished tensors and the memory is not reused under them.
+behind it. The worker makes its stream wait for the callers' streams (where its inputs were made),
+waits for its own batch to finish, and marks each output as used by its caller's stream
+(``record_stream``) before handing it over: callers get finished tensors and the memory is not
+reused under them.
 """
 from __future__ import annotations
 
@@ -187,7 +188,6 @@ class Batcher(Generic[T, R]):
             return
         for r, out in zip(batch, outs):
             r.future.set_result(out)
-
 
     def _run_on_own_stream(self, items: list[T], batch: list[_Request[T]]) -> list[R]:
         """`run_many` on this worker's CUDA stream, handed over finished (see the module doc)."""

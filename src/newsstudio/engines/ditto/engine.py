@@ -56,8 +56,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...accel.precision import to_channels_last_
 from ...accel.host_copy import tensor_on, to_device, to_host
+from ...accel.precision import to_channels_last_
 from ...accel.settings import resolve_accel
 from ...accel.static import BucketedRunner, render_buckets
 from ...avatar.packet import Packet, PacketError
