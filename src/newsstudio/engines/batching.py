@@ -37,6 +37,7 @@ from typing import Generic, TypeVar
 
 import torch
 
+from ..accel.static import _tree_map
 from .base import AvatarLayer, Engine
 
 
@@ -194,26 +195,14 @@ class Batcher(Generic[T, R]):
         if self._stream is None:
             self._stream = torch.cuda.Stream(device=self.device)
         own = self._stream
-        callers = {r.stream for r in batch if r.stream is not None} or {torch.cuda.default_stream(self.device)}
-        for s in callers:
-            own.wait_stream(s)  # the inputs were made there
+        for caller in {r.stream for r in batch}:  # submit() recorded each caller's stream
+            own.wait_stream(caller)  # the inputs were made there
         with torch.cuda.stream(own):
             outs = self.run_many(items)
         own.synchronize()
-        for r, out in zip(batch, outs):
-            for t in _cuda_tensors(out):  # freed by its caller: not reused before that caller's queued work is done
-                t.record_stream(r.stream or torch.cuda.default_stream(self.device))
+        for r, out in zip(batch, outs):  # freed by its caller: not reused before that caller's queued work is done
+            _tree_map(lambda t, s=r.stream: t.record_stream(s) if t.is_cuda else None, out)
         return outs
-
-
-def _cuda_tensors(tree: object) -> list[torch.Tensor]:
-    if isinstance(tree, torch.Tensor):
-        return [tree] if tree.is_cuda else []
-    if isinstance(tree, (list, tuple)):
-        return [t for x in tree for t in _cuda_tensors(x)]
-    if isinstance(tree, dict):
-        return [t for x in tree.values() for t in _cuda_tensors(x)]
-    return []
 
 
 class RenderBatcher(Batcher[tuple[AvatarLayer, torch.Tensor, torch.Tensor], torch.Tensor]):

@@ -547,7 +547,8 @@ class DittoEngine(Engine):
             dense = [items[k] for k in dense_k]
             runs: list[tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
             for run in same_layer_runs(dense):
-                layer, d = dense[run[0]][0], dense[run[0]][0].data
+                layer = dense[run[0]][0]
+                d = layer.data
                 idx = torch.cat([dense[j][2].to(dev) for j in run])
                 driving = torch.cat([dense[j][1].to(dev, torch.float32) for j in run])
                 x_s, x_d = self.keypoints(layer, driving, idx)
