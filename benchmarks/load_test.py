@@ -55,7 +55,7 @@ def start_server(args) -> tuple[str, object, object]:
     avatar(d / "astronaut.png", args.avatar, (args.size, args.size), d / "avatars")
     cfg = ServerConfig(engine=args.engine, device=args.device, avatars=d / "avatars", clips=d / "clips",
                        max_sessions=max(args.sessions) + 2, weights=args.weights, fps=args.fps, accel=args.accel,
-                       batch_sessions=not args.no_batch, front_end_streams=args.front_end_streams)
+                       batch_sessions=not args.no_batch, cuda_streams=args.cuda_streams)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn_config(create_app(cfg), log_level="warning"))
@@ -299,10 +299,15 @@ def main() -> None:
     ap.add_argument("--switch-intervals", default=None,
                     help="comma-separated sys.setswitchinterval values (s): each level runs under each, in this "
                          "process (the server's GIL hand-off; Python's default is 0.005)")
-    ap.add_argument("--front-end-streams", action="store_true",
-                    help="ServerConfig.front_end_streams: the audio encoders' and LMDM's batchers on CUDA streams of their own")
+    ap.add_argument("--cuda-streams", default="shared", choices=("shared", "front-end", "sessions"),
+                    help="ServerConfig.cuda_streams (server started here): shared default stream, the front-end "
+                         "batchers on their own streams, or also the render batcher and each session on their own")
     ap.add_argument("--render-leads", default=None,
                     help="comma-separated ServerConfig.render_lead_s values (s): each level runs under each (server started here)")
+    ap.add_argument("--render-aheads", default=None,
+                    help="comma-separated ServerConfig.render_ahead values (frames a session renders per request; "
+                         "larger means larger shared GPU batches): each level runs under each (server started here); "
+                         "the speech prebuffer is raised to cover them")
     ap.add_argument("--profile-s", type=float, default=0.0,
                     help="profile this many seconds in the middle of each level (server started here): GPU busy "
                          "share, kernels, and the CUDA runtime calls of every thread (gpu_timeline.py)")
@@ -321,7 +326,7 @@ def main() -> None:
     health = httpx.get(url + "/health", timeout=30).json()
     print(f"server {url} ready after {time.monotonic() - t0:.0f} s: device {health['device']}, default engine "
           f"{health['default_engine']}; {args.format} chunks of {args.chunk_frames} frames, {args.duration:.0f} s per level", file=sys.stderr)
-    cols = [("sessions", "d"), ("switch_interval_ms", "g"), ("render_lead_ms", "g"), ("sustained", "d"), ("errors", "d"), ("fps_min", ".1f"), ("fps_median", ".1f"), ("jitter_p95_ms", ".1f"), ("late_p50_ms", ".1f"),
+    cols = [("sessions", "d"), ("switch_interval_ms", "g"), ("render_lead_ms", "g"), ("render_ahead", "d"), ("prebuffer_ms", "g"), ("sustained", "d"), ("errors", "d"), ("fps_min", ".1f"), ("fps_median", ".1f"), ("jitter_p95_ms", ".1f"), ("late_p50_ms", ".1f"),
             ("late_p95_ms", ".1f"), ("late_max_ms", ".1f"), ("server_fps", ".1f"), ("loop_lag_p95_ms", ".1f"), ("loop_lag_max_ms", ".0f"), ("speaking_share", ".2f"), ("rss_before_mb", ".0f"),
             ("rss_peak_mb", ".0f"), ("rss_after_mb", ".0f"), ("gpu_before_mb", ".0f"), ("gpu_peak_mb", ".0f"), ("gpu_after_mb", ".0f"),
             ("batch_frames_mean", ".1f"), ("render_wait_ms_mean", ".1f"), ("render_busy_share", ".2f"), ("audio_busy_share", ".2f"),
@@ -330,16 +335,24 @@ def main() -> None:
     rows = []
     intervals = [float(x) for x in args.switch_intervals.split(",")] if args.switch_intervals else [sys.getswitchinterval()]
     leads = [float(x) for x in args.render_leads.split(",")] if args.render_leads and server_cfg is not None else [None]
-    levels = [(n, si, lead) for n in args.sessions for si in intervals for lead in leads]
+    aheads = [int(x) for x in args.render_aheads.split(",")] if args.render_aheads and server_cfg is not None else [None]
+    levels = [(n, si, lead, ahead) for n in args.sessions for si in intervals for lead in leads for ahead in aheads]
     syncs = watch_syncs() if args.sync_debug and args.url is None else None
-    for n, si, lead in levels:  # each level's row as soon as it is measured: a run cut short keeps them
+    prebuffer_s = getattr(server_cfg, "prebuffer_s", 0.0)
+    for n, si, lead, ahead in levels:  # each level's row as soon as it is measured: a run cut short keeps them
         sys.setswitchinterval(si)
         if lead is not None:
             server_cfg.render_lead_s = lead  # read by each new session (prebuffer) and its WebSocket pump
+        if ahead is not None:  # read by each new session; a request renders only frames whose speech is in
+            server_cfg.render_ahead = ahead
+            server_cfg.prebuffer_s = max(prebuffer_s, ahead / args.fps)
         print(f"[{time.monotonic() - t0:.0f} s] level of {n} sessions starts (switch interval {si * 1e3:g} ms"
-              f"{'' if lead is None else f', render lead {lead * 1e3:g} ms'})", file=sys.stderr, flush=True)
+              f"{'' if lead is None else f', render lead {lead * 1e3:g} ms'}"
+              f"{'' if ahead is None else f', render ahead {ahead} frames'})", file=sys.stderr, flush=True)
         rows.append({**asyncio.run(run_level(url, n, args, pcm, sr)), "switch_interval_ms": si * 1e3,
-                     "render_lead_ms": (lead if lead is not None else getattr(server_cfg, "render_lead_s", 0.0)) * 1e3})
+                     "render_lead_ms": (lead if lead is not None else getattr(server_cfg, "render_lead_s", 0.0)) * 1e3,
+                     "render_ahead": getattr(server_cfg, "render_ahead", 0),  # 0: a server elsewhere (unknown)
+                     "prebuffer_ms": getattr(server_cfg, "prebuffer_s", 0.0) * 1e3})
         r = rows[-1]
         print(f"[{time.monotonic() - t0:.0f} s] {n} sessions: {r['sustained']} sustained, {r['errors']} errors {r['error_samples'] or ''}",
               file=sys.stderr)

@@ -30,6 +30,11 @@ first (compiling) call is kept in `compile_seconds`, the capture time in `captur
 
 Graph outputs live in the graph's static buffers: with `copy_outputs=True` (default) the caller
 gets copies; with False it gets views that the next call overwrites.
+
+Callers on different CUDA streams (a live server's batchers and sessions each have their own) are
+ordered on the GPU, not only by the call lock: a call from another stream than the previous one
+first waits for that call's work (an event), so it never refills the static inputs while the
+previous replay still reads them.
 """
 from __future__ import annotations
 
@@ -194,6 +199,7 @@ class StaticBatchRunner:
         # One caller at a time: the staging buffers, the graph's outputs and the copy-out are shared
         # (streams of one server call a shared runner from their own threads).
         self._call_lock = threading.RLock()
+        self._last_call: tuple[torch.cuda.Stream, torch.cuda.Event] | None = None  # (stream, its end) on CUDA
 
         self.mode = mode
         on_cuda = self.device.type == "cuda" and torch.cuda.is_available()
@@ -314,6 +320,18 @@ class StaticBatchRunner:
     def _run_locked(self, inputs: Sequence[torch.Tensor], n: int) -> Any:
         if not self._prepared:
             self.prepare()
+        if self.device.type != "cuda":
+            return self._call(inputs, n)
+        stream = torch.cuda.current_stream(self.device)
+        if self._last_call is not None and self._last_call[0] != stream:
+            stream.wait_event(self._last_call[1])  # the previous caller's replay still reads the buffers
+        out = self._call(inputs, n)
+        done = torch.cuda.Event()
+        done.record(stream)
+        self._last_call = (stream, done)
+        return out
+
+    def _call(self, inputs: Sequence[torch.Tensor], n: int) -> Any:
         staged = self._stage(inputs)
         if self.mode == "eager":
             out = self.fn(*staged)

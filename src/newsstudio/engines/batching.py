@@ -20,8 +20,8 @@ noises, so its motion is what it would sample alone).
 ``own_stream`` (CUDA only): the worker runs its batches on a CUDA stream of its own instead of the
 default stream every server thread shares. Why: that stream is one in-order queue, so a front-end
 burst (an LMDM window, a Whisper re-encode) delays every session's render and copy-out queued
-behind it. The worker makes its stream wait for the callers' streams (where its inputs were made),
-waits for its own batch to finish, and marks each output as used by its caller's stream
+behind it. The worker makes its stream wait for each caller's inputs (an event recorded on the
+caller's stream at submit), waits for its own batch to finish, and marks each output as used by its caller's stream
 (``record_stream``) before handing it over: callers get finished tensors and the memory is not
 reused under them.
 """
@@ -33,13 +33,17 @@ import time
 from concurrent.futures import Future
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, Literal, TypeVar
 
 import torch
 
 from ..accel.static import _tree_map
 from .base import AvatarLayer, Engine
 
+
+CudaStreams = Literal["shared", "front-end", "sessions"]
+CUDA_STREAMS: tuple[str, ...] = ("shared", "front-end", "sessions")
+"""How a live server spreads its GPU work over CUDA streams (`ServerConfig.cuda_streams`)."""
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -52,6 +56,7 @@ class _Request(Generic[T]):
     future: Future = field(default_factory=Future)
     queued_at: float = field(default_factory=time.monotonic)
     stream: "torch.cuda.Stream | None" = None  # the caller's CUDA stream (own_stream batchers)
+    ready: "torch.cuda.Event | None" = None  # recorded on it at submit: the inputs are made by then
 
 
 @dataclass
@@ -108,6 +113,8 @@ class Batcher(Generic[T, R]):
         req = _Request(item, int(self.size_of(item)))
         if self.own_stream:
             req.stream = torch.cuda.current_stream(self.device)
+            req.ready = torch.cuda.Event()
+            req.ready.record(req.stream)
         self._q.put(req)
         if self._autostart:
             self.start()
@@ -195,8 +202,8 @@ class Batcher(Generic[T, R]):
         if self._stream is None:
             self._stream = torch.cuda.Stream(device=self.device)
         own = self._stream
-        for caller in {r.stream for r in batch}:  # submit() recorded each caller's stream
-            own.wait_stream(caller)  # the inputs were made there
+        for r in batch:  # the inputs were made on the callers' streams (other work queued there since is not waited for)
+            own.wait_event(r.ready)
         with torch.cuda.stream(own):
             outs = self.run_many(items)
         own.synchronize()
@@ -209,9 +216,11 @@ class RenderBatcher(Batcher[tuple[AvatarLayer, torch.Tensor, torch.Tensor], torc
     """`render(layer, driving, frame_idx)` with the engine's signature, from any thread, through
     one `engine.render_many` call per batch (see the module doc)."""
 
-    def __init__(self, engine: Engine, max_frames: int = 32, window_s: float = 0.0, autostart: bool = True):
+    def __init__(self, engine: Engine, max_frames: int = 32, window_s: float = 0.0, autostart: bool = True,
+                 own_stream: bool = False):
         super().__init__(engine.render_many, lambda item: int(item[2].shape[0]), max_frames=max_frames,
-                         window_s=window_s, autostart=autostart, name=f"render-batcher-{engine.name}")
+                         window_s=window_s, autostart=autostart, name=f"render-batcher-{engine.name}",
+                         device=engine.device, own_stream=own_stream)
         self.engine = engine
 
     def submit(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> Future:  # type: ignore[override]
