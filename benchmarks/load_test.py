@@ -55,7 +55,7 @@ def start_server(args) -> tuple[str, object, object]:
     avatar(d / "astronaut.png", args.avatar, (args.size, args.size), d / "avatars")
     cfg = ServerConfig(engine=args.engine, device=args.device, avatars=d / "avatars", clips=d / "clips",
                        max_sessions=max(args.sessions) + 2, weights=args.weights, fps=args.fps, accel=args.accel,
-                       batch_sessions=not args.no_batch, cuda_streams=args.cuda_streams)
+                       batch_sessions=not args.no_batch, front_end_streams=args.front_end_streams)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn_config(create_app(cfg), log_level="warning"))
@@ -299,9 +299,8 @@ def main() -> None:
     ap.add_argument("--switch-intervals", default=None,
                     help="comma-separated sys.setswitchinterval values (s): each level runs under each, in this "
                          "process (the server's GIL hand-off; Python's default is 0.005)")
-    ap.add_argument("--cuda-streams", default="shared", choices=("shared", "front-end", "sessions"),
-                    help="ServerConfig.cuda_streams (server started here): shared default stream, the front-end "
-                         "batchers on their own streams, or also the render batcher and each session on their own")
+    ap.add_argument("--front-end-streams", action="store_true",
+                    help="ServerConfig.front_end_streams: the audio encoders' and LMDM's batchers on CUDA streams of their own")
     ap.add_argument("--render-leads", default=None,
                     help="comma-separated ServerConfig.render_lead_s values (s): each level runs under each (server started here)")
     ap.add_argument("--render-aheads", default=None,

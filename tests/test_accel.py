@@ -428,3 +428,30 @@ def test_host_copies_through_pinned_memory_on_cuda():
     back = to_host(d)
     assert back.is_pinned() and torch.equal(back, x[:, 1:].half())
     assert tensor_on([3, 1], "cuda").tolist() == [3, 1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graph_runner_called_from_two_streams_never_refills_inputs_under_a_running_replay():
+    """A server's front-end batchers (own streams) and a clip job (default stream) share runners:
+    a call from another stream waits for the previous call's replay before refilling its inputs."""
+    w = torch.randn(1024, 1024, device="cuda") / 32
+
+    def slow(x: torch.Tensor) -> torch.Tensor:
+        for _ in range(40):  # long enough that a refill under the replay would show
+            x = torch.tanh(x @ w)
+        return x
+
+    runner = StaticBatchRunner(slow, 8, torch.randn(8, 1024, device="cuda"), mode="cudagraph")
+    xs = [torch.randn(8, 1024, device="cuda") * (k + 1) for k in range(6)]
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    outs = []
+    with torch.no_grad():
+        for k, x in enumerate(xs):
+            with torch.cuda.stream(streams[k % 2]):
+                outs.append(runner(x))
+        for s in streams:
+            torch.cuda.current_stream().wait_stream(s)
+        for x, o in zip(xs, outs):
+            torch.testing.assert_close(o, slow(x))

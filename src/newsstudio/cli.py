@@ -291,9 +291,8 @@ def serve(
     clips: Optional[Path] = typer.Option(None, help="Folder for rendered clips (default clips/ beside the avatars, or $NEWSSTUDIO_CLIPS)."),
     max_upload_mb: int = typer.Option(200, help="Largest accepted upload (audio or avatar source), MB."),
     accel: str = AccelOpt,
-    cuda_streams: str = typer.Option("shared", help="CUDA streams of the live path on a GPU: shared (one default stream), "
-                                     "front-end (the audio-encoder and LMDM batchers on streams of their own) or sessions "
-                                     "(also the render batcher and each session on its own; see benchmarks/RESULTS.md)."),
+    front_end_streams: bool = typer.Option(False, help="Run the shared audio-encoder and LMDM batchers on CUDA streams of "
+                                           "their own (experimental: not yet measured to help; see benchmarks/RESULTS.md)."),
 ) -> None:
     """Start the HTTP/WebSocket/WebRTC server with the web page at /."""
     import uvicorn
@@ -303,7 +302,7 @@ def serve(
 
     cfg = ServerConfig(engine=engine, device=device, weights=weights, models=models, avatars=avatars, max_sessions=max_sessions,
                        fps=fps, clips=clips, max_upload_bytes=max_upload_mb << 20, accel=accel,
-                       cuda_streams=cuda_streams)
+                       front_end_streams=front_end_streams)
     uvicorn.Server(uvicorn_config(create_app(cfg), host=host, port=port, log_level="info")).run()
 
 

@@ -22,12 +22,6 @@ Why the design looks like this:
 * **Barge-in.** New speech or `interrupt()` ends the current utterance at the consumers'
   current positions (the next frame / 20 ms audio block not yet handed out), drops frames
   rendered ahead, and the new utterance gets a fresh conditioner + driver.
-* **A CUDA stream per session** (``cuda_stream=True``, the server's default on a GPU): the
-  session's GPU work (features, driving, splice, copy-out) runs in order on a stream of its own,
-  whichever of its threads launches it, so one session's copy-out never queues behind another
-  session's splice or a shared batch that was launched after it. Work shared between sessions
-  goes through `engines.batching` batchers on streams of their own, which hand over finished
-  outputs.
 * A session holds only per-stream state (conditioner, driver, a few rendered frames, PCM not
   yet played); the engine and the avatar's device tensors are shared and stay warm. `close()`
   drops everything the session holds.
@@ -35,8 +29,6 @@ Why the design looks like this:
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import math
 import threading
 import time
@@ -63,17 +55,6 @@ OUT_RATE = 48000
 
 TimeSource = Callable[[], float]
 State = Literal["idle", "buffering", "speaking", "closed"]
-
-
-def _on_session_stream(method: Callable) -> Callable:
-    """Run a `LiveSession` method's GPU work on the session's CUDA stream (if it has one)."""
-
-    @functools.wraps(method)
-    def wrapped(self: "LiveSession", *args: Any, **kwargs: Any) -> Any:
-        with self.on_stream():
-            return method(self, *args, **kwargs)
-
-    return wrapped
 
 
 class SessionError(RuntimeError):
@@ -510,7 +491,6 @@ class LiveSession:
         engine_name: str | None = None,
         on_close: Callable[["LiveSession"], None] | None = None,
         renderer: Callable[[AvatarLayer, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-        cuda_stream: bool = False,
     ):
         self.id = session_id or uuid.uuid4().hex[:16]
         self.transport: str | None = None  # set by the server: "webrtc", "ws", ...
@@ -527,10 +507,6 @@ class LiveSession:
         self.layer = engine.load_avatar(packet)
         self.stream = StreamSession(engine, self.layer, background_for(engine, packet), self.fps, renderer=renderer)
         self._idle = IdleFrames.for_session(engine, packet, self.stream)
-        self.cuda_stream: torch.cuda.Stream | None = None
-        if cuda_stream and self.layer.device.type == "cuda":
-            self.cuda_stream = torch.cuda.Stream(device=self.layer.device)
-            self.cuda_stream.wait_stream(torch.cuda.current_stream(self.layer.device))  # the avatar was loaded there
         self.width, self.height = packet.size
         self.stats = SessionStats()
         self.created = time.time()
@@ -544,10 +520,6 @@ class LiveSession:
         self._underrun_past = 0.0
         self._gen = 0  # bumped by every cut: renders planned before it are not kept ahead
         self.last_frame_at = time.monotonic()
-
-    def on_stream(self) -> contextlib.AbstractContextManager:
-        """Context: the calling thread's GPU work goes to this session's CUDA stream."""
-        return torch.cuda.stream(self.cuda_stream) if self.cuda_stream is not None else contextlib.nullcontext()
 
     # ---------------------------------------------------------------- properties
     @property
@@ -615,7 +587,6 @@ class LiveSession:
             raise SessionClosedError(f"session {self.id} is closed")
 
     # ---------------------------------------------------------------- speech input
-    @_on_session_stream
     def speak(self, audio: Audio | str | Any, sample_rate: int | None = None) -> dict[str, Any]:
         """Say a whole piece of audio now (barge-in over whatever is playing).
 
@@ -629,7 +600,6 @@ class LiveSession:
             self._check_open()
             return self._replace(utt)
 
-    @_on_session_stream
     def begin_speech(self, sample_rate: int) -> str:
         """Start a streamed utterance (barge-in); feed it with `push_speech`, end with `end_speech`."""
         utt = Utterance(self, sample_rate, streamed=True)
@@ -638,7 +608,6 @@ class LiveSession:
             self._replace(utt)
             return utt.id
 
-    @_on_session_stream
     def push_speech(self, pcm: np.ndarray, sample_rate: int | None = None) -> None:
         """Append streamed PCM (mono, or (channels, n)); starts an utterance if none is open.
 
@@ -662,7 +631,6 @@ class LiveSession:
             if not self._closed:
                 self._maybe_start(u)
 
-    @_on_session_stream
     def end_speech(self) -> None:
         """The streamed utterance's input ended: play out what arrived, then idle."""
         with self._lock:
@@ -777,7 +745,6 @@ class LiveSession:
         Frames of the idle loop may be shared: treat the result as read-only."""
         return self.video_frames(k, 1, stack=False)[0]
 
-    @_on_session_stream
     def video_frames(self, k: int, n: int, output: str = "nv12", stack: bool = True) -> torch.Tensor | list[torch.Tensor]:
         """Frames [k, k+n) as (n, H*3//2, W) NV12 (or (n, H, W, 3) RGB) uint8 on the CPU.
 

@@ -33,17 +33,13 @@ import time
 from concurrent.futures import Future
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, Literal, TypeVar
+from typing import Generic, TypeVar
 
 import torch
 
 from ..accel.static import _tree_map
 from .base import AvatarLayer, Engine
 
-
-CudaStreams = Literal["shared", "front-end", "sessions"]
-CUDA_STREAMS: tuple[str, ...] = ("shared", "front-end", "sessions")
-"""How a live server spreads its GPU work over CUDA streams (`ServerConfig.cuda_streams`)."""
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -216,11 +212,9 @@ class RenderBatcher(Batcher[tuple[AvatarLayer, torch.Tensor, torch.Tensor], torc
     """`render(layer, driving, frame_idx)` with the engine's signature, from any thread, through
     one `engine.render_many` call per batch (see the module doc)."""
 
-    def __init__(self, engine: Engine, max_frames: int = 32, window_s: float = 0.0, autostart: bool = True,
-                 own_stream: bool = False):
+    def __init__(self, engine: Engine, max_frames: int = 32, window_s: float = 0.0, autostart: bool = True):
         super().__init__(engine.render_many, lambda item: int(item[2].shape[0]), max_frames=max_frames,
-                         window_s=window_s, autostart=autostart, name=f"render-batcher-{engine.name}",
-                         device=engine.device, own_stream=own_stream)
+                         window_s=window_s, autostart=autostart, name=f"render-batcher-{engine.name}")
         self.engine = engine
 
     def submit(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> Future:  # type: ignore[override]

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ..engines.base import Engine
-from ..engines.batching import CUDA_STREAMS, Batcher, CudaStreams, RenderBatcher
+from ..engines.batching import Batcher, RenderBatcher
 from ..engines.registry import ENGINES, check_accel, create_engine, default_engine, engine_options
 
 log = logging.getLogger(__name__)
@@ -20,12 +20,10 @@ class EngineUnavailable(RuntimeError):
 
 class EnginePool:
     def __init__(self, default: str, device: torch.device, weights: str, models: Any, accel: str = "auto",
-                 batch_sessions: bool = True, cuda_streams: CudaStreams = "shared"):
-        if cuda_streams not in CUDA_STREAMS:
-            raise ValueError(f"cuda_streams must be one of {', '.join(CUDA_STREAMS)}, got {cuda_streams!r}")
+                 batch_sessions: bool = True, front_end_streams: bool = False):
         self.device = device
         self.batch_sessions = batch_sessions
-        self.cuda_streams = cuda_streams
+        self.front_end_streams = front_end_streams
         self._batchers: dict[str, Batcher] = {}  # per engine its RenderBatcher, plus "<engine>/<stage>" ones
         self.weights = weights
         self.models = models
@@ -78,8 +76,8 @@ class EnginePool:
         with self._locks[name]:
             b = self._batchers.get(name)
             if b is None:
-                b = self._batchers[name] = RenderBatcher(eng, own_stream=self.cuda_streams == "sessions")
-                for stage, shared in eng.use_stream_batchers(own_streams=self.cuda_streams != "shared").items():  # audio encoders, Ditto's LMDM windows
+                b = self._batchers[name] = RenderBatcher(eng)
+                for stage, shared in eng.use_stream_batchers(own_streams=self.front_end_streams).items():  # audio encoders, Ditto's LMDM windows
                     self._batchers[f"{name}/{stage}"] = shared
         return b.render  # type: ignore[attr-defined]  # the engine's own key holds its RenderBatcher
 

@@ -17,7 +17,6 @@ from fastapi import HTTPException
 
 from ..avatar.packet import Packet, PacketError, open_packet
 from ..avatar.store import avatars_root, validate_id
-from ..engines.batching import CudaStreams
 from ..live import LiveSession, SessionLimitError, SessionManager
 from ..stream import default_device
 from .engines import EnginePool, EngineUnavailable
@@ -48,13 +47,10 @@ class ServerConfig:
     ws_close_timeout_s: float = 30.0
     prebuffer_s: float = 0.12
     render_ahead: int = 4
-    cuda_streams: CudaStreams = "shared"
-    """Which CUDA streams the live path uses (on a GPU; engines/batching.py, live.py): "shared":
-    every thread's work queues on the one default stream; "front-end": the shared Whisper /
-    HuBERT / LMDM batchers run on streams of their own, so their bursts do not queue in front of
-    the sessions' renders and copy-outs; "sessions": that, plus the render batcher on a stream of
-    its own and each session on its own, so a session's splice and copy-out wait only for its
-    own batch."""
+    front_end_streams: bool = False
+    """The shared front-end batchers (Whisper / HuBERT encoders, Ditto's LMDM windows) run on CUDA
+    streams of their own, so their bursts do not queue in front of the sessions' renders and
+    copy-outs on the one default stream (engines/batching.py). Off until measured on a GPU."""
     render_lead_s: float = 0.0
     """WebSocket chunks are rendered this long before they are due (sent as soon as ready), so the
     render latency of a busy shared GPU batch does not reach the client as jitter. Sessions'
@@ -144,7 +140,7 @@ class ServerState:
         self.clips_dir.mkdir(parents=True, exist_ok=True)
         self.fps = Fraction(cfg.fps).limit_denominator(1001)
         self.engines = EnginePool(cfg.engine, self.device, cfg.weights, cfg.models, cfg.accel, cfg.batch_sessions,
-                                  cfg.cuda_streams)
+                                  cfg.front_end_streams)
         self.sessions = SessionManager(cfg.max_sessions)
         self.jobs = JobManager({"prebake": 1, "clip": 2}, keep=cfg.jobs_kept)
         self.metrics = Metrics()
@@ -193,7 +189,7 @@ class ServerState:
             s = LiveSession(
                 eng, packet, fps=rate, time_source=self.cfg.time_source, render_ahead=self.cfg.render_ahead,
                 prebuffer_s=self.cfg.prebuffer_s + self.cfg.render_lead_s, engine_name=name, on_close=on_close,
-                renderer=self.engines.renderer(name), cuda_stream=self.cfg.cuda_streams == "sessions",
+                renderer=self.engines.renderer(name),
             )
             s.transport = transport
             return s
