@@ -607,7 +607,9 @@ def test_speak_say_and_streamed_pcm_into_a_live_session(server):
             assert "speaking" in states
             r = await c.post(f"/sessions/{sid}/interrupt")
             assert r.status_code == 200 and r.json()["interrupted"] and r.json()["cut_latency_ms"] <= 100
-            assert (await c.get(f"/sessions/{sid}")).json()["state"] == "idle"
+            info = (await c.get(f"/sessions/{sid}")).json()
+            assert info["state"] == "idle"
+            assert info["render_ahead"] == 4 and info["prebuffer_ms"] == 120.0  # ServerConfig defaults, 3 frames at 25 fps
             # bad speech into a live session: clear 4xx, the session keeps going
             r = await c.post(f"/sessions/{sid}/speak", files={"audio": ("z.wav", wav_bytes(np.zeros(8000, np.float32), 16000), "audio/wav")})
             assert r.status_code == 422 and "no speech" in r.json()["detail"]

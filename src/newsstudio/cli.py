@@ -291,8 +291,12 @@ def serve(
     clips: Optional[Path] = typer.Option(None, help="Folder for rendered clips (default clips/ beside the avatars, or $NEWSSTUDIO_CLIPS)."),
     max_upload_mb: int = typer.Option(200, help="Largest accepted upload (audio or avatar source), MB."),
     accel: str = AccelOpt,
+    render_ahead: int = typer.Option(4, min=1, help="Frames a live session renders per request: more means larger shared "
+                                     "GPU batches (more streams per GPU); pair it with --prebuffer-ms >= frames / fps."),
+    prebuffer_ms: float = typer.Option(120.0, min=0.0, help="Streamed speech goes on air once this much is ready (live latency)."),
     front_end_streams: bool = typer.Option(False, help="Run the shared audio-encoder and LMDM batchers on CUDA streams of "
-                                           "their own (experimental: not yet measured to help; see benchmarks/RESULTS.md)."),
+                                           "their own (experimental: 8 MuseTalk sessions got more frames but still not on "
+                                           "time; see benchmarks/RESULTS.md)."),
 ) -> None:
     """Start the HTTP/WebSocket/WebRTC server with the web page at /."""
     import uvicorn
@@ -302,7 +306,7 @@ def serve(
 
     cfg = ServerConfig(engine=engine, device=device, weights=weights, models=models, avatars=avatars, max_sessions=max_sessions,
                        fps=fps, clips=clips, max_upload_bytes=max_upload_mb << 20, accel=accel,
-                       front_end_streams=front_end_streams)
+                       render_ahead=render_ahead, prebuffer_s=prebuffer_ms / 1000, front_end_streams=front_end_streams)
     uvicorn.Server(uvicorn_config(create_app(cfg), host=host, port=port, log_level="info")).run()
 
 

@@ -580,6 +580,8 @@ class LiveSession:
             "skipped_frames": s.skipped_frames,
             "last_cut_ms": s.last_cut_ms,
             "last_start_ms": s.last_start_ms,
+            "render_ahead": self.render_ahead,
+            "prebuffer_ms": round(self.prebuffer_frames / float(self.fps) * 1000, 2),
         }
 
     def _check_open(self) -> None:

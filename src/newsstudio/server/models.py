@@ -80,6 +80,8 @@ class SessionInfo(BaseModel):
     skipped_frames: int
     last_cut_ms: float | None = None
     last_start_ms: float | None = None
+    render_ahead: int = Field(description="Frames the session renders per request.")
+    prebuffer_ms: float = Field(description="Streamed speech goes on air once this much of it is ready.")
 
 
 class BatchingInfo(BaseModel):

@@ -46,11 +46,17 @@ class ServerConfig:
     """Chunks a WebSocket client may have queued unsent before it counts as not reading."""
     ws_close_timeout_s: float = 30.0
     prebuffer_s: float = 0.12
+    """Streamed speech goes on air once this much of its driving is ready (the live latency)."""
     render_ahead: int = 4
+    """Frames a live session renders per request. Larger requests make larger shared GPU batches
+    (more streams per GPU: 8 MuseTalk streams at 30 fps on one H200 with 8, see RESULTS.md) but a
+    request only covers frames whose speech has arrived, so raise `prebuffer_s` to at least
+    render_ahead / fps with it (at the cost of that much latency)."""
     front_end_streams: bool = False
     """The shared front-end batchers (Whisper / HuBERT encoders, Ditto's LMDM windows) run on CUDA
     streams of their own, so their bursts do not queue in front of the sessions' renders and
-    copy-outs on the one default stream (engines/batching.py). Off until measured on a GPU."""
+    copy-outs on the one default stream (engines/batching.py). Off: on an H200 it gave 8 MuseTalk
+    sessions more frames (29.6 vs 27.2 fps each) but not on time (benchmarks/RESULTS.md, eighth session)."""
     render_lead_s: float = 0.0
     """WebSocket chunks are rendered this long before they are due (sent as soon as ready), so the
     render latency of a busy shared GPU batch does not reach the client as jitter. Sessions'
