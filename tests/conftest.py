@@ -1,6 +1,7 @@
 """Shared fixtures: where the real media and the golden vectors live."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 MEDIA_DIR = Path(os.environ.get("NEWSSTUDIO_MEDIA_DIR", SHARED / "media"))
+CARRY = ROOT / ".carry"  # what `python -m benchmarks.prepare_carry` packs for the GPU machine (git-ignored)
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -27,6 +29,20 @@ def media():
     return media_path
 
 
+def carried_faces(stem: str, scale: float = 1.0):
+    """Landmarks of a test image detected on another machine (`.carry/<stem>.faces.npz`, at the
+    image's full size; scaled by `scale`), for the GPU machine, which has no landmark backend, so
+    the CUDA tests can prebake their avatars there. None where a backend is usable: tests detect."""
+    from newsstudio.avatar.landmarks import available_backends
+    from newsstudio.avatar.landmarks_io import load_faces
+
+    f = CARRY / f"{stem}.faces.npz"
+    if any(why is None for why in available_backends().values()) or not f.is_file():
+        return None
+    return [dataclasses.replace(x, box=tuple(v * scale for v in x.box), mesh=x.mesh * scale, lm68=x.lm68 * scale)
+            for x in load_faces(f)]
+
+
 @pytest.fixture(scope="session")
 def astronaut_packet(tmp_path_factory):
     """A small avatar (256x256) prebaked once per test session from scikit-image's astronaut."""
@@ -38,7 +54,7 @@ def astronaut_packet(tmp_path_factory):
     root = tmp_path_factory.mktemp("avatars")
     src = root / "astronaut.png"
     Image.fromarray(data.astronaut()).resize((256, 256)).save(src)
-    return prebake(src, "astronaut", root=root, progress=False)
+    return prebake(src, "astronaut", root=root, progress=False, faces=carried_faces("astronaut", 256 / 512))
 
 
 def shifted_video_packet(src, dest, shifts):

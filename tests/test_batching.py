@@ -13,7 +13,7 @@ import torch
 from newsstudio.avatar.packet import open_packet
 from newsstudio.engines.batching import RenderBatcher, TensorBatcher
 from newsstudio.engines.classic.engine import ClassicEngine
-from tests.conftest import media_path
+from tests.conftest import carried_faces, media_path
 
 # Pixels are floats in [0, 255]; batched spline solves round differently from single ones on some
 # CPUs (up to 0.04 seen on an AVX-512 machine). A frame from the wrong request differs by tens.
@@ -53,7 +53,8 @@ def two_layers(astronaut_packet, tmp_path_factory):
     from newsstudio.avatar.prebake import prebake
 
     root = tmp_path_factory.mktemp("batching")
-    return astronaut_packet, prebake(media_path("portrait.png"), "portrait", root=root, size=(240, 320), progress=False)
+    return astronaut_packet, prebake(media_path("portrait.png"), "portrait", root=root, size=(240, 320), progress=False,
+                                      faces=carried_faces("portrait"))
 
 
 def _requests(engine, layers, sizes):
