@@ -196,6 +196,7 @@ async def run_level(url: str, n: int, args, pcm, sr) -> dict:
         else:
             tasks = [asyncio.ensure_future(client(url, args, pcm, sr, s, stop)) for s in stats]
         peak_rss, peak_gpu, fps_seen, lag_p95, lag_max = before["rss_bytes"] or 0, 0, [], [], 0.0
+        live: list[dict] = []  # the sessions' own figures, last sample of the level
         t_end = time.monotonic() + args.duration
         timeline = None
         if args.profile_s and args.url is None:  # the server runs in this process: profile its GPU and threads
@@ -215,6 +216,7 @@ async def run_level(url: str, n: int, args, pcm, sr) -> dict:
             lag = m.get("event_loop_lag") or {}
             lag_p95.append(lag.get("p95_ms", 0.0))
             lag_max = max(lag_max, lag.get("max_ms", 0.0))
+            live = m.get("sessions") or live
         stop.set()
         results = await asyncio.gather(*tasks)
         profile = await timeline if timeline is not None else None
@@ -251,6 +253,11 @@ async def run_level(url: str, n: int, args, pcm, sr) -> dict:
                 for k in ("requests", "batches", "frames", "wait_s_total", "busy_s_total")} if names else {}
 
     d, audio, motion = delta(None), delta("audio"), delta("motion")
+    renders = sum(s.get("renders", 0) for s in live)
+
+    def per_render(key: str) -> float:  # over every session's render calls so far
+        return sum(s.get(key, 0.0) * s.get("renders", 0) for s in live) / renders if renders else 0.0
+
     batching = {
         "batch_frames_mean": d["frames"] / d["batches"] if d.get("batches") else 0.0,
         "render_wait_ms_mean": 1e3 * d["wait_s_total"] / d["requests"] if d.get("requests") else 0.0,
@@ -258,6 +265,9 @@ async def run_level(url: str, n: int, args, pcm, sr) -> dict:
         "audio_busy_share": audio["busy_s_total"] / args.duration if audio else 0.0,
         "audio_rows_per_call": audio["frames"] / audio["batches"] if audio.get("batches") else 0.0,
         "motion_busy_share": motion["busy_s_total"] / args.duration if motion else 0.0,
+        # a session's render call, split: until its frames' GPU work is queued, then until they are on the host
+        "session_render_call_ms": per_render("render_call_ms_mean"),
+        "session_copy_out_ms": per_render("copy_out_ms_mean"),
     }
     return {
         **batching,
@@ -329,7 +339,8 @@ def main() -> None:
             ("late_p95_ms", ".1f"), ("late_max_ms", ".1f"), ("server_fps", ".1f"), ("loop_lag_p95_ms", ".1f"), ("loop_lag_max_ms", ".0f"), ("speaking_share", ".2f"), ("rss_before_mb", ".0f"),
             ("rss_peak_mb", ".0f"), ("rss_after_mb", ".0f"), ("gpu_before_mb", ".0f"), ("gpu_peak_mb", ".0f"), ("gpu_after_mb", ".0f"),
             ("batch_frames_mean", ".1f"), ("render_wait_ms_mean", ".1f"), ("render_busy_share", ".2f"), ("audio_busy_share", ".2f"),
-            ("audio_rows_per_call", ".1f"), ("motion_busy_share", ".2f")]
+            ("audio_rows_per_call", ".1f"), ("motion_busy_share", ".2f"),
+            ("session_render_call_ms", ".1f"), ("session_copy_out_ms", ".1f")]
     print(" | ".join(name for name, _ in cols), flush=True)
     rows = []
     intervals = [float(x) for x in args.switch_intervals.split(",")] if args.switch_intervals else [sys.getswitchinterval()]

@@ -610,6 +610,7 @@ def test_speak_say_and_streamed_pcm_into_a_live_session(server):
             info = (await c.get(f"/sessions/{sid}")).json()
             assert info["state"] == "idle"
             assert info["render_ahead"] == 4 and info["prebuffer_ms"] == 120.0  # ServerConfig defaults, 3 frames at 25 fps
+            assert info["renders"] > 0 and info["render_call_ms_mean"] > 0  # the speech was rendered (idle frames come from a cache)
             # bad speech into a live session: clear 4xx, the session keeps going
             r = await c.post(f"/sessions/{sid}/speak", files={"audio": ("z.wav", wav_bytes(np.zeros(8000, np.float32), 16000), "audio/wav")})
             assert r.status_code == 422 and "no speech" in r.json()["detail"]

@@ -468,6 +468,9 @@ class SessionStats:
     skipped_frames: int = 0
     last_cut_ms: float | None = None
     last_start_ms: float | None = None
+    renders: int = 0  # render calls (speech or idle frames not served from the shared idle cache)
+    render_call_s: float = 0.0  # inside them until the frames' GPU work was queued (the shared batch included)
+    copy_out_s: float = 0.0  # then until the frames were in host memory (the GPU queue ahead of them)
 
 
 class LiveSession:
@@ -580,6 +583,9 @@ class LiveSession:
             "skipped_frames": s.skipped_frames,
             "last_cut_ms": s.last_cut_ms,
             "last_start_ms": s.last_start_ms,
+            "renders": s.renders,
+            "render_call_ms_mean": round(s.render_call_s / s.renders * 1000, 3) if s.renders else 0.0,
+            "copy_out_ms_mean": round(s.copy_out_s / s.renders * 1000, 3) if s.renders else 0.0,
             "render_ahead": self.render_ahead,
             "prebuffer_ms": round(self.prebuffer_frames / float(self.fps) * 1000, 2),
         }
@@ -821,9 +827,15 @@ class LiveSession:
         _, kind, k, m, driving, stream, idle = plan
         if kind == "idle" and idle is not None:
             return [idle.frame(i, stream) for i in range(k, k + m)]
+        t0 = time.perf_counter()
         frames = stream.idle_frames(k, m, "nv12") if kind == "idle" else stream.render_frames(k, driving, "nv12")
+        t1 = time.perf_counter()
         frames = to_host(frames)  # pinned + event: a pageable copy would stall every thread's launches
-        self.stats.frames_rendered += m
+        s = self.stats
+        s.renders += 1
+        s.render_call_s += t1 - t0
+        s.copy_out_s += time.perf_counter() - t1
+        s.frames_rendered += m
         return list(frames.unbind(0))
 
     # ---------------------------------------------------------------- audio output

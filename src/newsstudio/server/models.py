@@ -80,6 +80,9 @@ class SessionInfo(BaseModel):
     skipped_frames: int
     last_cut_ms: float | None = None
     last_start_ms: float | None = None
+    renders: int = Field(0, description="Render calls (speech, or idle frames not served from the shared idle cache).")
+    render_call_ms_mean: float = Field(0.0, description="Per render call: until its GPU work was queued (waiting for the shared render batch included).")
+    copy_out_ms_mean: float = Field(0.0, description="Per render call: then until the frames were in host memory (the GPU queue ahead of them).")
     render_ahead: int = Field(description="Frames the session renders per request.")
     prebuffer_ms: float = Field(description="Streamed speech goes on air once this much of it is ready.")
 
