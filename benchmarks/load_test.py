@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -39,7 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def start_server(args) -> tuple[str, object, object]:
+def start_server(args) -> tuple[str, object, object, object]:
     import uvicorn
     from PIL import Image
     from skimage import data
@@ -58,11 +59,45 @@ def start_server(args) -> tuple[str, object, object]:
                        batch_sessions=not args.no_batch, front_end_streams=args.front_end_streams)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn_config(create_app(cfg), log_level="warning"))
+    app = create_app(cfg)
+    server = uvicorn.Server(uvicorn_config(app, log_level="warning"))
     threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
     while not server.started:
         time.sleep(0.05)
-    return f"http://127.0.0.1:{sock.getsockname()[1]}", server, cfg
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", server, cfg, app.state.ns
+
+
+def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
+    """Every combination of the swept server settings, as (label, apply): each session count runs
+    once under each. Settings other than the switch interval need the server started here."""
+    def values(spec: str | None, kind: type, local: bool = True) -> list:
+        return [kind(x) for x in spec.split(",")] if spec and (cfg is not None or not local) else [None]
+
+    base_prebuffer = getattr(cfg, "prebuffer_s", 0.0)
+    out = []
+    for si in values(args.switch_intervals, float, local=False):
+        for lead in values(args.render_leads, float):
+            for ahead in values(args.render_aheads, int):
+                for in_flight in values(args.render_in_flight, int):
+                    def apply(si=si, lead=lead, ahead=ahead, in_flight=in_flight) -> None:
+                        if si is not None:
+                            sys.setswitchinterval(si)  # the server's GIL hand-off (it runs in this process)
+                        if lead is not None:
+                            cfg.render_lead_s = lead  # read by each new session (prebuffer) and its WebSocket pump
+                        if ahead is not None:  # read by each new session; a request renders only frames whose speech is in
+                            cfg.render_ahead = ahead
+                            cfg.prebuffer_s = max(base_prebuffer, ahead / args.fps)
+                        if in_flight is not None:
+                            cfg.render_in_flight = in_flight
+                            state.engines.set_render_in_flight(in_flight)
+
+                    label = ", ".join(part for part in (
+                        f"switch interval {(si if si is not None else sys.getswitchinterval()) * 1e3:g} ms",
+                        None if lead is None else f"render lead {lead * 1e3:g} ms",
+                        None if ahead is None else f"render ahead {ahead} frames",
+                        None if in_flight is None else f"render batches in flight {in_flight or 'unbounded'}") if part)
+                    out.append((label, apply))
+    return out
 
 
 def load_speech(path: str | None) -> tuple[np.ndarray, int]:
@@ -317,6 +352,9 @@ def main() -> None:
                     help="comma-separated ServerConfig.render_ahead values (frames a session renders per request; "
                          "larger means larger shared GPU batches): each level runs under each (server started here); "
                          "the speech prebuffer is raised to cover them")
+    ap.add_argument("--render-in-flight", default=None,
+                    help="comma-separated ServerConfig.render_in_flight values (shared render batches on the GPU at "
+                         "once; 0: no bound): each level runs under each (server started here)")
     ap.add_argument("--profile-s", type=float, default=0.0,
                     help="profile this many seconds in the middle of each level (server started here): GPU busy "
                          "share, kernels, and the CUDA runtime calls of every thread (gpu_timeline.py)")
@@ -329,13 +367,13 @@ def main() -> None:
     args.sessions = [int(x) for x in args.sessions.split(",") if x]
     pcm, sr = load_speech(args.speech)
     url = args.url
-    server_cfg = None
+    server_cfg = server_state = None
     if url is None:
-        url, _server, server_cfg = start_server(args)
+        url, _server, server_cfg, server_state = start_server(args)
     health = httpx.get(url + "/health", timeout=30).json()
     print(f"server {url} ready after {time.monotonic() - t0:.0f} s: device {health['device']}, default engine "
           f"{health['default_engine']}; {args.format} chunks of {args.chunk_frames} frames, {args.duration:.0f} s per level", file=sys.stderr)
-    cols = [("sessions", "d"), ("switch_interval_ms", "g"), ("render_lead_ms", "g"), ("render_ahead", "d"), ("prebuffer_ms", "g"), ("sustained", "d"), ("errors", "d"), ("fps_min", ".1f"), ("fps_median", ".1f"), ("jitter_p95_ms", ".1f"), ("late_p50_ms", ".1f"),
+    cols = [("sessions", "d"), ("switch_interval_ms", "g"), ("render_lead_ms", "g"), ("render_ahead", "d"), ("prebuffer_ms", "g"), ("render_in_flight", "d"), ("sustained", "d"), ("errors", "d"), ("fps_min", ".1f"), ("fps_median", ".1f"), ("jitter_p95_ms", ".1f"), ("late_p50_ms", ".1f"),
             ("late_p95_ms", ".1f"), ("late_max_ms", ".1f"), ("server_fps", ".1f"), ("loop_lag_p95_ms", ".1f"), ("loop_lag_max_ms", ".0f"), ("speaking_share", ".2f"), ("rss_before_mb", ".0f"),
             ("rss_peak_mb", ".0f"), ("rss_after_mb", ".0f"), ("gpu_before_mb", ".0f"), ("gpu_peak_mb", ".0f"), ("gpu_after_mb", ".0f"),
             ("batch_frames_mean", ".1f"), ("render_wait_ms_mean", ".1f"), ("render_busy_share", ".2f"), ("audio_busy_share", ".2f"),
@@ -343,26 +381,16 @@ def main() -> None:
             ("session_render_call_ms", ".1f"), ("session_copy_out_ms", ".1f")]
     print(" | ".join(name for name, _ in cols), flush=True)
     rows = []
-    intervals = [float(x) for x in args.switch_intervals.split(",")] if args.switch_intervals else [sys.getswitchinterval()]
-    leads = [float(x) for x in args.render_leads.split(",")] if args.render_leads and server_cfg is not None else [None]
-    aheads = [int(x) for x in args.render_aheads.split(",")] if args.render_aheads and server_cfg is not None else [None]
-    levels = [(n, si, lead, ahead) for n in args.sessions for si in intervals for lead in leads for ahead in aheads]
+    levels = [(n, setting) for n in args.sessions for setting in server_settings(args, server_cfg, server_state)]
     syncs = watch_syncs() if args.sync_debug and args.url is None else None
-    prebuffer_s = getattr(server_cfg, "prebuffer_s", 0.0)
-    for n, si, lead, ahead in levels:  # each level's row as soon as it is measured: a run cut short keeps them
-        sys.setswitchinterval(si)
-        if lead is not None:
-            server_cfg.render_lead_s = lead  # read by each new session (prebuffer) and its WebSocket pump
-        if ahead is not None:  # read by each new session; a request renders only frames whose speech is in
-            server_cfg.render_ahead = ahead
-            server_cfg.prebuffer_s = max(prebuffer_s, ahead / args.fps)
-        print(f"[{time.monotonic() - t0:.0f} s] level of {n} sessions starts (switch interval {si * 1e3:g} ms"
-              f"{'' if lead is None else f', render lead {lead * 1e3:g} ms'}"
-              f"{'' if ahead is None else f', render ahead {ahead} frames'})", file=sys.stderr, flush=True)
-        rows.append({**asyncio.run(run_level(url, n, args, pcm, sr)), "switch_interval_ms": si * 1e3,
-                     "render_lead_ms": (lead if lead is not None else getattr(server_cfg, "render_lead_s", 0.0)) * 1e3,
+    for n, (label, apply) in levels:  # each level's row as soon as it is measured: a run cut short keeps them
+        apply()
+        print(f"[{time.monotonic() - t0:.0f} s] level of {n} sessions starts ({label})", file=sys.stderr, flush=True)
+        rows.append({**asyncio.run(run_level(url, n, args, pcm, sr)), "switch_interval_ms": sys.getswitchinterval() * 1e3,
+                     "render_lead_ms": getattr(server_cfg, "render_lead_s", 0.0) * 1e3,
                      "render_ahead": getattr(server_cfg, "render_ahead", 0),  # 0: a server elsewhere (unknown)
-                     "prebuffer_ms": getattr(server_cfg, "prebuffer_s", 0.0) * 1e3})
+                     "prebuffer_ms": getattr(server_cfg, "prebuffer_s", 0.0) * 1e3,
+                     "render_in_flight": getattr(server_cfg, "render_in_flight", 0)})
         r = rows[-1]
         print(f"[{time.monotonic() - t0:.0f} s] {n} sessions: {r['sustained']} sustained, {r['errors']} errors {r['error_samples'] or ''}",
               file=sys.stderr)

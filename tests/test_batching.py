@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 
 import numpy as np
 import pytest
 import torch
 
 from newsstudio.avatar.packet import open_packet
-from newsstudio.engines.batching import RenderBatcher, TensorBatcher
+from newsstudio.engines.batching import Batcher, RenderBatcher, TensorBatcher
 from newsstudio.engines.classic.engine import ClassicEngine
 from tests.conftest import carried_faces, media_path
 
@@ -288,6 +289,59 @@ def test_a_batcher_asked_for_its_own_stream_on_the_cpu_runs_as_usual():
         assert torch.equal(b(torch.arange(3.0)), torch.tensor([0.0, 2.0, 4.0]))
     finally:
         b.close()
+
+
+def test_a_bound_on_batches_in_flight_is_checked_and_means_nothing_on_the_cpu():
+    with pytest.raises(ValueError, match="max_in_flight must be >= 0"):
+        Batcher(lambda items: items, len, device="cpu", max_in_flight=-1)
+    b = Batcher(lambda items: [x * 2 for x in items], lambda x: 1, device="cpu", max_in_flight=1)
+    try:
+        assert b.max_in_flight == 0  # no GPU queue to bound
+        assert [f.result(timeout=30) for f in [b.submit(k) for k in range(5)]] == [0, 2, 4, 6, 8]
+    finally:
+        b.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("bound", [1, 2])
+def test_a_batcher_keeps_at_most_its_bound_of_batches_on_the_gpu(bound):
+    """Requests that keep coming while a slow batch runs: with ``max_in_flight`` n, each batch
+    starts only when fewer than n of the earlier ones are still queued or running on the GPU."""
+    w = torch.randn(2048, 2048, device="cuda") / 45
+    big = torch.randn(4096, 4096, device="cuda") / 64
+    pending: list[torch.cuda.Event] = []
+    seen: list[int] = []
+
+    def slow(items: list[torch.Tensor]) -> list[torch.Tensor]:
+        seen.append(sum(not e.query() for e in pending))  # this worker's earlier batches still on the GPU
+        heavy = big
+        for _ in range(6):  # a few ms of GPU work per batch, launched in microseconds
+            heavy = heavy @ big
+        x = torch.tanh(torch.cat(items) @ w + heavy[0, :2048])
+        done = torch.cuda.Event()
+        done.record()
+        pending.append(done)
+        return list(x.split(1))
+
+    b = Batcher(slow, lambda x: int(x.shape[0]), max_frames=4, device="cuda", max_in_flight=bound)
+    try:
+        futures = []
+        for k in range(24):
+            futures.append(b.submit(torch.randn(1, 2048, device="cuda")))
+            time.sleep(0.0005)
+        for f in futures:
+            f.result(timeout=60)
+    finally:
+        b.close()
+    assert max(seen) <= bound - 1, seen
+    unbounded = Batcher(slow, lambda x: int(x.shape[0]), max_frames=4, device="cuda")
+    pending.clear(), seen.clear()
+    try:
+        for f in [unbounded.submit(torch.randn(1, 2048, device="cuda")) for _ in range(24)]:
+            f.result(timeout=60)
+    finally:
+        unbounded.close()
+    assert max(seen) > bound - 1, seen  # without the bound the worker does run ahead: the test can fail
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

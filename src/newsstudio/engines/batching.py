@@ -13,6 +13,13 @@ them all, so the GPU works on bigger batches exactly when it is busy. `window_s`
 wait for more requests (throughput over latency). A batch that fails is retried request by
 request, so one stream's bad input fails only that stream.
 
+``max_in_flight`` (CUDA only): on the shared stream a finished *dispatch* is not a finished batch, so
+the worker can queue batch after batch ahead of the GPU, each holding only what arrived during the
+last dispatch (~a millisecond), and every session's splice and copy-out then waits behind all of
+them. With ``max_in_flight=n`` the worker takes its next batch only once at most n-1 of its batches
+are still running on the GPU (it sleeps on their events), so requests gather while the GPU works and
+batches are formed at the GPU's pace.
+
 `Batcher` is the generic queue + worker; `RenderBatcher` batches `engine.render_many`, and
 `engines.ditto.lmdm.MotionBatcher` batches Ditto's LMDM windows (each stream still draws its own
 noises, so its motion is what it would sample alone).
@@ -30,6 +37,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -85,11 +93,14 @@ class Batcher(Generic[T, R]):
 
     def __init__(self, run_many: Callable[[list[T]], list[R]], size_of: Callable[[T], int], *, max_frames: int = 32,
                  window_s: float = 0.0, autostart: bool = True, name: str = "batcher",
-                 device: torch.device | str | None = None, own_stream: bool = False):
+                 device: torch.device | str | None = None, own_stream: bool = False, max_in_flight: int = 0):
         if max_frames < 1:
             raise ValueError(f"max_frames must be >= 1, got {max_frames}")
         self.device = torch.device(device) if device is not None else None
         self.own_stream = bool(own_stream) and self.device is not None and self.device.type == "cuda"
+        self.max_in_flight = 0
+        self.set_max_in_flight(max_in_flight)
+        self._in_flight: deque[torch.cuda.Event] = deque()
         self._stream: torch.cuda.Stream | None = None
         self.run_many, self.size_of = run_many, size_of
         self.max_frames = int(max_frames)
@@ -101,6 +112,14 @@ class Batcher(Generic[T, R]):
         self._start_lock = threading.Lock()
         self._closed = False
         self._autostart = autostart
+
+    def set_max_in_flight(self, n: int) -> None:
+        """Bound the batches on the GPU at once (module doc; 0: no bound). Takes effect at the next
+        batch; nothing to bound off CUDA or on an own stream (each batch is waited for there)."""
+        if n < 0:
+            raise ValueError(f"max_in_flight must be >= 0 (0: no bound), got {n}")
+        on_shared_cuda_stream = self.device is not None and self.device.type == "cuda" and not self.own_stream
+        self.max_in_flight = int(n) if on_shared_cuda_stream else 0
 
     # -- callers ------------------------------------------------------------------------------
     def submit(self, item: T) -> Future:
@@ -160,6 +179,7 @@ class Batcher(Generic[T, R]):
             first = self._q.get()
             if first is None:
                 return
+            self._wait_for_gpu()
             batch, stop = self._take_batch(first)
             now = time.monotonic()
             waits = [now - r.queued_at for r in batch]
@@ -170,8 +190,19 @@ class Batcher(Generic[T, R]):
             t0 = time.perf_counter()
             self._run(batch)
             s.busy_s += time.perf_counter() - t0
+            if self.max_in_flight:
+                done = torch.cuda.Event(blocking=True)  # sleep on it, do not spin
+                done.record(torch.cuda.current_stream(self.device))
+                self._in_flight.append(done)
             if stop:
                 return
+
+    def _wait_for_gpu(self) -> None:
+        """Until fewer than ``max_in_flight`` of this worker's batches are still on the GPU."""
+        while self._in_flight and len(self._in_flight) >= self.max_in_flight:
+            self._in_flight.popleft().synchronize()
+        while self._in_flight and self._in_flight[0].query():
+            self._in_flight.popleft()
 
     def _run(self, batch: list[_Request[T]]) -> None:
         """One `run_many` call (stats count every call; a failed batch's retries are calls too)."""
@@ -212,9 +243,11 @@ class RenderBatcher(Batcher[tuple[AvatarLayer, torch.Tensor, torch.Tensor], torc
     """`render(layer, driving, frame_idx)` with the engine's signature, from any thread, through
     one `engine.render_many` call per batch (see the module doc)."""
 
-    def __init__(self, engine: Engine, max_frames: int = 32, window_s: float = 0.0, autostart: bool = True):
+    def __init__(self, engine: Engine, max_frames: int = 32, window_s: float = 0.0, autostart: bool = True,
+                 max_in_flight: int = 0):
         super().__init__(engine.render_many, lambda item: int(item[2].shape[0]), max_frames=max_frames,
-                         window_s=window_s, autostart=autostart, name=f"render-batcher-{engine.name}")
+                         window_s=window_s, autostart=autostart, name=f"render-batcher-{engine.name}",
+                         device=engine.device, max_in_flight=max_in_flight)
         self.engine = engine
 
     def submit(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> Future:  # type: ignore[override]

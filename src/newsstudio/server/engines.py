@@ -20,10 +20,11 @@ class EngineUnavailable(RuntimeError):
 
 class EnginePool:
     def __init__(self, default: str, device: torch.device, weights: str, models: Any, accel: str = "auto",
-                 batch_sessions: bool = True, front_end_streams: bool = False):
+                 batch_sessions: bool = True, front_end_streams: bool = False, render_in_flight: int = 0):
         self.device = device
         self.batch_sessions = batch_sessions
         self.front_end_streams = front_end_streams
+        self.render_in_flight = render_in_flight
         self._batchers: dict[str, Batcher] = {}  # per engine its RenderBatcher, plus "<engine>/<stage>" ones
         self.weights = weights
         self.models = models
@@ -76,10 +77,17 @@ class EnginePool:
         with self._locks[name]:
             b = self._batchers.get(name)
             if b is None:
-                b = self._batchers[name] = RenderBatcher(eng)
+                b = self._batchers[name] = RenderBatcher(eng, max_in_flight=self.render_in_flight)
                 for stage, shared in eng.use_stream_batchers(own_streams=self.front_end_streams).items():  # audio encoders, Ditto's LMDM windows
                     self._batchers[f"{name}/{stage}"] = shared
         return b.render  # type: ignore[attr-defined]  # the engine's own key holds its RenderBatcher
+
+    def set_render_in_flight(self, n: int) -> None:
+        """`ServerConfig.render_in_flight` for the render batchers made from now on and those running."""
+        self.render_in_flight = n
+        for b in list(self._batchers.values()):
+            if isinstance(b, RenderBatcher):
+                b.set_max_in_flight(n)
 
     def batcher_stats(self) -> dict[str, dict[str, float]]:
         return {name: b.stats.as_dict() for name, b in self._batchers.items()}

@@ -57,6 +57,10 @@ class ServerConfig:
     streams of their own, so their bursts do not queue in front of the sessions' renders and
     copy-outs on the one default stream (engines/batching.py). Off: on an H200 it gave 8 MuseTalk
     sessions more frames (29.6 vs 27.2 fps each) but not on time (benchmarks/RESULTS.md, eighth session)."""
+    render_in_flight: int = 0
+    """At most this many shared render batches on the GPU at once (engines/batching.py
+    ``max_in_flight``; 0: no bound), so batches gather what arrives while the GPU works instead of
+    queueing ahead of it. Not yet measured on a GPU: off."""
     render_lead_s: float = 0.0
     """WebSocket chunks are rendered this long before they are due (sent as soon as ready), so the
     render latency of a busy shared GPU batch does not reach the client as jitter. Sessions'
@@ -146,7 +150,7 @@ class ServerState:
         self.clips_dir.mkdir(parents=True, exist_ok=True)
         self.fps = Fraction(cfg.fps).limit_denominator(1001)
         self.engines = EnginePool(cfg.engine, self.device, cfg.weights, cfg.models, cfg.accel, cfg.batch_sessions,
-                                  cfg.front_end_streams)
+                                  cfg.front_end_streams, cfg.render_in_flight)
         self.sessions = SessionManager(cfg.max_sessions)
         self.jobs = JobManager({"prebake": 1, "clip": 2}, keep=cfg.jobs_kept)
         self.metrics = Metrics()
