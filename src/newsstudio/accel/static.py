@@ -31,8 +31,9 @@ first (compiling) call is kept in `compile_seconds`, the capture time in `captur
 Graph outputs live in the graph's static buffers: with `copy_outputs=True` (default) the caller
 gets copies; with False it gets views that the next call overwrites.
 
-Callers on different CUDA streams (a live server's batchers and sessions each have their own) are
-ordered on the GPU, not only by the call lock: a call from another stream than the previous one
+Callers on different CUDA streams (with `--front-end-streams` a live server's audio and motion
+batchers run on their own, clip jobs on the default stream) are ordered on the GPU, not only by the
+call lock: a call from another stream than the previous one
 first waits for that call's work (an event), so it never refills the static inputs while the
 previous replay still reads them.
 """
