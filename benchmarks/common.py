@@ -26,17 +26,24 @@ def media(name: str) -> Path:
     raise FileNotFoundError(f"{name} not found in ../shared/media or .carry/media (run benchmarks/prepare_carry.py)")
 
 
+def carried_faces(stem: str) -> list | None:
+    """Landmarks carried as .carry/<stem>.faces.npz (detected by prepare_carry on a machine with a
+    detector, at the source's full size), or None when none were carried."""
+    f = CARRY / f"{stem}.faces.npz"
+    if not f.is_file():
+        return None
+    from newsstudio.avatar.landmarks_io import load_faces
+
+    return load_faces(f)
+
+
 def avatar(source: Path, avatar_id: str, size: tuple[int, int] | None, root: Path, max_frames: int = 750):
     """Prebake `source`, using landmarks carried as .carry/<stem>.faces.npz when the machine has no detector."""
     from newsstudio.avatar.prebake import prebake
 
-    faces_file = CARRY / f"{source.stem}.faces.npz"
-    faces = None
-    if faces_file.is_file():
-        from newsstudio.avatar.landmarks_io import load_faces
-
-        faces = load_faces(faces_file)[:max_frames]
-    return prebake(source, avatar_id, root=root, size=size, progress=False, faces=faces, max_frames=max_frames)
+    faces = carried_faces(source.stem)
+    return prebake(source, avatar_id, root=root, size=size, progress=False,
+                   faces=faces[:max_frames] if faces is not None else None, max_frames=max_frames)
 
 
 def sync(device: torch.device) -> None:

@@ -167,7 +167,6 @@ def watch_syncs() -> dict[tuple, tuple[str, str, int]]:
     """Make every synchronising CUDA call in this process (the server's threads) warn, and
     collect the distinct call sites: {stack key: (thread, stack text, count)}. For finding
     what makes live sessions wait on the device; costs a warning per sync while on."""
-    import threading
     import traceback
     import warnings
 

@@ -11,7 +11,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 MEDIA_DIR = Path(os.environ.get("NEWSSTUDIO_MEDIA_DIR", SHARED / "media"))
-CARRY = ROOT / ".carry"  # what `python -m benchmarks.prepare_carry` packs for the GPU machine (git-ignored)
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -30,17 +29,17 @@ def media():
 
 
 def carried_faces(stem: str, scale: float = 1.0):
-    """Landmarks of a test image detected on another machine (`.carry/<stem>.faces.npz`, at the
-    image's full size; scaled by `scale`), for the GPU machine, which has no landmark backend, so
-    the CUDA tests can prebake their avatars there. None where a backend is usable: tests detect."""
+    """Landmarks of a test image carried to the GPU machine (`benchmarks.common.carried_faces`, at
+    the image's full size; scaled by `scale`): it has no landmark backend, and with these the CUDA
+    tests can prebake their avatars there. None where a backend is usable: tests detect."""
+    from benchmarks.common import carried_faces as carried
     from newsstudio.avatar.landmarks import available_backends
-    from newsstudio.avatar.landmarks_io import load_faces
 
-    f = CARRY / f"{stem}.faces.npz"
-    if any(why is None for why in available_backends().values()) or not f.is_file():
+    faces = None if any(why is None for why in available_backends().values()) else carried(stem)
+    if faces is None:
         return None
     return [dataclasses.replace(x, box=tuple(v * scale for v in x.box), mesh=x.mesh * scale, lm68=x.lm68 * scale)
-            for x in load_faces(f)]
+            for x in faces]
 
 
 @pytest.fixture(scope="session")

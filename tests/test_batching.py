@@ -335,7 +335,8 @@ def test_a_batcher_keeps_at_most_its_bound_of_batches_on_the_gpu(bound):
         b.close()
     assert max(seen) <= bound - 1, seen
     unbounded = Batcher(slow, lambda x: int(x.shape[0]), max_frames=4, device="cuda")
-    pending.clear(), seen.clear()
+    pending.clear()
+    seen.clear()
     try:
         for f in [unbounded.submit(torch.randn(1, 2048, device="cuda")) for _ in range(24)]:
             f.result(timeout=60)

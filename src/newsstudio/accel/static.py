@@ -33,9 +33,8 @@ gets copies; with False it gets views that the next call overwrites.
 
 Callers on different CUDA streams (with `--front-end-streams` a live server's audio and motion
 batchers run on their own, clip jobs on the default stream) are ordered on the GPU, not only by the
-call lock: a call from another stream than the previous one
-first waits for that call's work (an event), so it never refills the static inputs while the
-previous replay still reads them.
+call lock: a call from another stream than the previous one first waits for that call's work (an
+event), so it never refills the static inputs while the previous replay still reads them.
 """
 from __future__ import annotations
 
