@@ -294,6 +294,8 @@ def serve(
     render_ahead: int = typer.Option(4, min=1, help="Frames a live session renders per request: more means larger shared "
                                      "GPU batches (more streams per GPU); pair it with --prebuffer-ms >= frames / fps."),
     prebuffer_ms: float = typer.Option(120.0, min=0.0, help="Streamed speech goes on air once this much is ready (live latency)."),
+    render_in_flight: int = typer.Option(2, min=0, help="Shared render batches on the GPU at once "
+                                         "(0: no bound); a bound makes batches form at the GPU's pace."),
     front_end_streams: bool = typer.Option(False, help="Run the shared audio-encoder and LMDM batchers on CUDA streams of "
                                            "their own (experimental: 8 MuseTalk sessions got more frames but still not on "
                                            "time; see benchmarks/RESULTS.md)."),
@@ -306,7 +308,8 @@ def serve(
 
     cfg = ServerConfig(engine=engine, device=device, weights=weights, models=models, avatars=avatars, max_sessions=max_sessions,
                        fps=fps, clips=clips, max_upload_bytes=max_upload_mb << 20, accel=accel,
-                       render_ahead=render_ahead, prebuffer_s=prebuffer_ms / 1000, front_end_streams=front_end_streams)
+                       render_ahead=render_ahead, prebuffer_s=prebuffer_ms / 1000, front_end_streams=front_end_streams,
+                       render_in_flight=render_in_flight)
     uvicorn.Server(uvicorn_config(create_app(cfg), host=host, port=port, log_level="info")).run()
 
 

@@ -57,10 +57,11 @@ class ServerConfig:
     streams of their own, so their bursts do not queue in front of the sessions' renders and
     copy-outs on the one default stream (engines/batching.py). Off: on an H200 it gave 8 MuseTalk
     sessions more frames (29.6 vs 27.2 fps each) but not on time (benchmarks/RESULTS.md, eighth session)."""
-    render_in_flight: int = 0
+    render_in_flight: int = 2
     """At most this many shared render batches on the GPU at once (engines/batching.py
     ``max_in_flight``; 0: no bound), so batches gather what arrives while the GPU works instead of
-    queueing ahead of it. Not yet measured on a GPU: off."""
+    queueing ahead of it. On an H200 it raised an overloaded server's frames/s by 25-44 % and made 8
+    MuseTalk sessions with render_ahead 8 all on time (benchmarks/RESULTS.md, ninth session)."""
     render_lead_s: float = 0.0
     """WebSocket chunks are rendered this long before they are due (sent as soon as ready), so the
     render latency of a busy shared GPU batch does not reach the client as jitter. Sessions'
