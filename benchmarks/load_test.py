@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import socket
 import statistics
@@ -56,7 +57,8 @@ def start_server(args) -> tuple[str, object, object, object]:
     avatar(d / "astronaut.png", args.avatar, (args.size, args.size), d / "avatars")
     cfg = ServerConfig(engine=args.engine, device=args.device, avatars=d / "avatars", clips=d / "clips",
                        max_sessions=max(args.sessions) + 2, weights=args.weights, fps=args.fps, accel=args.accel,
-                       batch_sessions=not args.no_batch, front_end_streams=args.front_end_streams)
+                       batch_sessions=not args.no_batch,
+                       front_end_streams=bool(args.front_end_streams) and on_off(args.front_end_streams.split(",")[0]))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     app = create_app(cfg)
@@ -67,36 +69,47 @@ def start_server(args) -> tuple[str, object, object, object]:
     return f"http://127.0.0.1:{sock.getsockname()[1]}", server, cfg, app.state.ns
 
 
+def on_off(word: str) -> bool:
+    if word not in ("on", "off"):
+        raise SystemExit(f"--front-end-streams takes on, off or a comma-separated list of them, got {word!r}")
+    return word == "on"
+
+
 def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
     """Every combination of the swept server settings, as (label, apply): each session count runs
     once under each. Settings other than the switch interval need the server started here."""
-    def values(spec: str | None, kind: type, local: bool = True) -> list:
+    def values(spec: str | None, kind: Callable, local: bool = True) -> list:
         return [kind(x) for x in spec.split(",")] if spec and (cfg is not None or not local) else [None]
 
+    # one --front-end-streams value is the server's start setting; a list is swept on the running server
+    front_end = args.front_end_streams if "," in (args.front_end_streams or "") else None
     base_prebuffer = getattr(cfg, "prebuffer_s", 0.0)
     out = []
-    for si in values(args.switch_intervals, float, local=False):
-        for lead in values(args.render_leads, float):
-            for ahead in values(args.render_aheads, int):
-                for in_flight in values(args.render_in_flight, int):
-                    def apply(si=si, lead=lead, ahead=ahead, in_flight=in_flight) -> None:
-                        if si is not None:
-                            sys.setswitchinterval(si)  # the server's GIL hand-off (it runs in this process)
-                        if lead is not None:
-                            cfg.render_lead_s = lead  # read by each new session (prebuffer) and its WebSocket pump
-                        if ahead is not None:  # read by each new session; a request renders only frames whose speech is in
-                            cfg.render_ahead = ahead
-                            cfg.prebuffer_s = max(base_prebuffer, ahead / args.fps)
-                        if in_flight is not None:
-                            cfg.render_in_flight = in_flight
-                            state.engines.set_render_in_flight(in_flight)
+    for si, lead, ahead, in_flight, own in itertools.product(
+            values(args.switch_intervals, float, local=False), values(args.render_leads, float),
+            values(args.render_aheads, int), values(args.render_in_flight, int), values(front_end, on_off)):
+        def apply(si=si, lead=lead, ahead=ahead, in_flight=in_flight, own=own) -> None:
+            if si is not None:
+                sys.setswitchinterval(si)  # the server's GIL hand-off (it runs in this process)
+            if lead is not None:
+                cfg.render_lead_s = lead  # read by each new session (prebuffer) and its WebSocket pump
+            if ahead is not None:  # read by each new session; a request renders only frames whose speech is in
+                cfg.render_ahead = ahead
+                cfg.prebuffer_s = max(base_prebuffer, ahead / args.fps)
+            if in_flight is not None:
+                cfg.render_in_flight = in_flight
+                state.engines.set_render_in_flight(in_flight)
+            if own is not None:
+                cfg.front_end_streams = own
+                state.engines.set_front_end_streams(own)
 
-                    label = ", ".join(part for part in (
-                        f"switch interval {(si if si is not None else sys.getswitchinterval()) * 1e3:g} ms",
-                        None if lead is None else f"render lead {lead * 1e3:g} ms",
-                        None if ahead is None else f"render ahead {ahead} frames",
-                        None if in_flight is None else f"render batches in flight {in_flight or 'unbounded'}") if part)
-                    out.append((label, apply))
+        label = ", ".join(part for part in (
+            f"switch interval {(si if si is not None else sys.getswitchinterval()) * 1e3:g} ms",
+            None if lead is None else f"render lead {lead * 1e3:g} ms",
+            None if ahead is None else f"render ahead {ahead} frames",
+            None if in_flight is None else f"render batches in flight {in_flight or 'unbounded'}",
+            None if own is None else f"front-end streams {'on' if own else 'off'}") if part)
+        out.append((label, apply))
     return out
 
 
@@ -343,8 +356,9 @@ def main() -> None:
     ap.add_argument("--switch-intervals", default=None,
                     help="comma-separated sys.setswitchinterval values (s): each level runs under each, in this "
                          "process (the server's GIL hand-off; Python's default is 0.005)")
-    ap.add_argument("--front-end-streams", action="store_true",
-                    help="ServerConfig.front_end_streams: the audio encoders' and LMDM's batchers on CUDA streams of their own")
+    ap.add_argument("--front-end-streams", nargs="?", const="on", default=None,
+                    help="ServerConfig.front_end_streams (the audio encoders' and LMDM's batchers on CUDA streams of "
+                         "their own): alone, on; or comma-separated off/on values: each level runs under each (server started here)")
     ap.add_argument("--render-leads", default=None,
                     help="comma-separated ServerConfig.render_lead_s values (s): each level runs under each (server started here)")
     ap.add_argument("--render-aheads", default=None,
@@ -372,7 +386,7 @@ def main() -> None:
     health = httpx.get(url + "/health", timeout=30).json()
     print(f"server {url} ready after {time.monotonic() - t0:.0f} s: device {health['device']}, default engine "
           f"{health['default_engine']}; {args.format} chunks of {args.chunk_frames} frames, {args.duration:.0f} s per level", file=sys.stderr)
-    cols = [("sessions", "d"), ("switch_interval_ms", "g"), ("render_lead_ms", "g"), ("render_ahead", "d"), ("prebuffer_ms", "g"), ("render_in_flight", "d"), ("sustained", "d"), ("errors", "d"), ("fps_min", ".1f"), ("fps_median", ".1f"), ("jitter_p95_ms", ".1f"), ("late_p50_ms", ".1f"),
+    cols = [("sessions", "d"), ("switch_interval_ms", "g"), ("render_lead_ms", "g"), ("render_ahead", "d"), ("prebuffer_ms", "g"), ("render_in_flight", "d"), ("front_end_streams", "d"), ("sustained", "d"), ("errors", "d"), ("fps_min", ".1f"), ("fps_median", ".1f"), ("jitter_p95_ms", ".1f"), ("late_p50_ms", ".1f"),
             ("late_p95_ms", ".1f"), ("late_max_ms", ".1f"), ("server_fps", ".1f"), ("loop_lag_p95_ms", ".1f"), ("loop_lag_max_ms", ".0f"), ("speaking_share", ".2f"), ("rss_before_mb", ".0f"),
             ("rss_peak_mb", ".0f"), ("rss_after_mb", ".0f"), ("gpu_before_mb", ".0f"), ("gpu_peak_mb", ".0f"), ("gpu_after_mb", ".0f"),
             ("batch_frames_mean", ".1f"), ("render_wait_ms_mean", ".1f"), ("render_busy_share", ".2f"), ("audio_busy_share", ".2f"),
@@ -389,7 +403,8 @@ def main() -> None:
                      "render_lead_ms": getattr(server_cfg, "render_lead_s", 0.0) * 1e3,
                      "render_ahead": getattr(server_cfg, "render_ahead", 0),  # 0: a server elsewhere (unknown)
                      "prebuffer_ms": getattr(server_cfg, "prebuffer_s", 0.0) * 1e3,
-                     "render_in_flight": getattr(server_cfg, "render_in_flight", 0)})
+                     "render_in_flight": getattr(server_cfg, "render_in_flight", 0),
+                     "front_end_streams": bool(getattr(server_cfg, "front_end_streams", False))})
         r = rows[-1]
         print(f"[{time.monotonic() - t0:.0f} s] {n} sessions: {r['sustained']} sustained, {r['errors']} errors {r['error_samples'] or ''}",
               file=sys.stderr)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -286,6 +287,8 @@ def test_a_batcher_asked_for_its_own_stream_on_the_cpu_runs_as_usual():
     b = TensorBatcher(lambda x: x * 2, max_rows=8, device="cpu", own_stream=True)
     try:
         assert not b.own_stream  # streams are a CUDA thing
+        b.set_own_stream(True)
+        assert not b.own_stream
         assert torch.equal(b(torch.arange(3.0)), torch.tensor([0.0, 2.0, 4.0]))
     finally:
         b.close()
@@ -345,17 +348,23 @@ def test_a_batcher_keeps_at_most_its_bound_of_batches_on_the_gpu(bound):
     assert max(seen) > bound - 1, seen  # without the bound the worker does run ahead: the test can fail
 
 
+def _slow_rows() -> Callable[[torch.Tensor], torch.Tensor]:
+    """A row-wise function with enough device work per call that a missing stream wait would show."""
+    w = torch.randn(512, 512, device="cuda")
+
+    def slow(x: torch.Tensor) -> torch.Tensor:
+        for _ in range(20):
+            x = torch.tanh(x @ w)
+        return x
+
+    return slow
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_own_stream_batcher_hands_over_finished_outputs_that_the_callers_stream_can_use():
     """Callers' inputs made on the default stream, a slow batch on the worker's stream, and the
     caller consuming the outputs on the default stream at once: every row as fn computes it."""
-    w = torch.randn(512, 512, device="cuda")
-
-    def slow(x: torch.Tensor) -> torch.Tensor:
-        for _ in range(20):  # enough device work that a missing wait would show
-            x = torch.tanh(x @ w)
-        return x
-
+    slow = _slow_rows()
     b = TensorBatcher(slow, max_rows=16, device="cuda", own_stream=True)
     try:
         assert b.own_stream
@@ -369,3 +378,32 @@ def test_own_stream_batcher_hands_over_finished_outputs_that_the_callers_stream_
                 torch.testing.assert_close(c, ref.sum(dim=1))
     finally:
         b.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_batcher_switched_between_its_own_stream_and_the_shared_one_keeps_every_result():
+    """A server switching its front-end batchers between levels: requests queued before the switch
+    (no event to wait on) and after it end up in one batch, which must still see finished inputs;
+    the in-flight bound holds only on the shared stream."""
+    slow = _slow_rows()
+    b = TensorBatcher(slow, max_rows=64, device="cuda", autostart=False)
+    b.set_max_in_flight(2)
+    try:
+        xs = [torch.randn(4, 512, device="cuda") * (k + 1) for k in range(8)]
+        with torch.inference_mode():
+            futures = [b.submit(x) for x in xs[:4]]  # queued on the shared path
+            b.set_own_stream(True)
+            assert b.own_stream and b.max_in_flight == 0
+            futures += [b.submit(x) for x in xs[4:]]  # queued with events, same batch as the first four
+            b.start()
+            outs = [f.result(timeout=60) for f in futures]
+            b.set_own_stream(False)
+            assert not b.own_stream and b.max_in_flight == 2
+            outs.append(b(xs[0]))
+            b.set_own_stream(True)
+            outs.append(b(xs[1]))
+            for x, o in zip(xs + xs[:2], outs):
+                torch.testing.assert_close(o, slow(x))
+    finally:
+        b.close()
+

@@ -26,3 +26,24 @@ def test_gpu_busy_share_counts_overlapping_kernels_once_and_idle_gaps_not_at_all
     assert [k["name"] for k in s["top_kernels"]] == ["gemm", "splice", "Memcpy DtoH"]
     sync = next(c for c in s["runtime"] if c["name"] == "cudaStreamSynchronize")
     assert (sync["count"], sync["ms"], sync["max_ms"]) == (2, 40.0, 30.0)
+
+
+def test_the_load_test_sweeps_server_settings_on_one_running_server(tmp_path):
+    """The tool the stream counts come from: a real server on loopback, a live client per level,
+    and each level run under its own combination of the swept settings (recorded in its row)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "rows.json"
+    cmd = [sys.executable, "-m", "benchmarks.load_test", "--engine", "classic", "--device", "cpu", "--size", "256",
+           "--sessions", "1", "--duration", "2", "--render-in-flight", "0,2", "--front-end-streams", "off,on",
+           "--json", str(out)]
+    done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert [(r["render_in_flight"], r["front_end_streams"]) for r in rows] == [(0, False), (0, True), (2, False), (2, True)]
+    for r in rows:
+        assert r["errors"] == 0 and r["fps_median"] > 0, r
+        assert r["active_after"] == 0  # every session closed before the next level

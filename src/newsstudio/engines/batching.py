@@ -97,8 +97,10 @@ class Batcher(Generic[T, R]):
         if max_frames < 1:
             raise ValueError(f"max_frames must be >= 1, got {max_frames}")
         self.device = torch.device(device) if device is not None else None
-        self.own_stream = bool(own_stream) and self.device is not None and self.device.type == "cuda"
+        self.own_stream = False
         self.max_in_flight = 0
+        self._bound = 0  # the bound asked for; in force only on the shared CUDA stream
+        self.set_own_stream(own_stream)
         self.set_max_in_flight(max_in_flight)
         self._in_flight: deque[torch.cuda.Event] = deque()
         self._stream: torch.cuda.Stream | None = None
@@ -118,8 +120,17 @@ class Batcher(Generic[T, R]):
         batch; nothing to bound off CUDA or on an own stream (each batch is waited for there)."""
         if n < 0:
             raise ValueError(f"max_in_flight must be >= 0 (0: no bound), got {n}")
+        self._bound = int(n)
         on_shared_cuda_stream = self.device is not None and self.device.type == "cuda" and not self.own_stream
-        self.max_in_flight = int(n) if on_shared_cuda_stream else 0
+        self.max_in_flight = self._bound if on_shared_cuda_stream else 0
+
+    def set_own_stream(self, on: bool) -> None:
+        """Run the next batches on a CUDA stream of this worker's own (module doc) or on the shared
+        one; nothing changes off CUDA. Requests queued before the switch run the way they were
+        submitted (a batch goes to the own stream only if every request in it came with its event),
+        so a server can switch between live sessions' requests without losing any."""
+        self.own_stream = bool(on) and self.device is not None and self.device.type == "cuda"
+        self.set_max_in_flight(self._bound)
 
     # -- callers ------------------------------------------------------------------------------
     def submit(self, item: T) -> Future:
@@ -213,7 +224,8 @@ class Batcher(Generic[T, R]):
         try:
             with torch.inference_mode():
                 items = [r.item for r in batch]
-                outs = self._run_on_own_stream(items, batch) if self.own_stream else self.run_many(items)
+                own = self.own_stream and all(r.ready is not None for r in batch)
+                outs = self._run_on_own_stream(items, batch) if own else self.run_many(items)
         except BaseException as exc:  # noqa: BLE001 - retried one by one below
             if len(batch) == 1:
                 batch[0].future.set_exception(exc)

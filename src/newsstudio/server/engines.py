@@ -89,6 +89,14 @@ class EnginePool:
             if isinstance(b, RenderBatcher):
                 b.set_max_in_flight(n)
 
+    def set_front_end_streams(self, on: bool) -> None:
+        """`ServerConfig.front_end_streams` for the front-end batchers made from now on and those
+        running (their next batches; see `Batcher.set_own_stream`)."""
+        self.front_end_streams = on
+        for b in list(self._batchers.values()):
+            if not isinstance(b, RenderBatcher):
+                b.set_own_stream(on)
+
     def batcher_stats(self) -> dict[str, dict[str, float]]:
         return {name: b.stats.as_dict() for name, b in self._batchers.items()}
 
