@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import mmap
 import os
 
 import numpy as np
@@ -26,7 +27,12 @@ def test_roundtrip_is_memory_mapped_and_exact(tmp_path):
     q = open_packet(p.path)
     assert q.names() == ["empty", "frames_nv12", "roi/mask"]
     arr = q.array("frames_nv12")
-    assert isinstance(arr, np.memmap), "frames must be memory-mapped, not read"
+    owner = arr
+    while isinstance(owner, np.ndarray) and owner.base is not None:
+        owner = owner.base
+    owner = owner.obj if isinstance(owner, memoryview) else owner
+    assert isinstance(owner, mmap.mmap), "frames must be memory-mapped, not read"
+    assert not arr.flags.writeable  # a packet is never written through its arrays
     rng = np.random.default_rng(0)
     assert np.array_equal(arr, rng.integers(0, 255, (3, 9, 8), dtype=np.uint8))
     t = q.tensor("roi/mask")
@@ -52,6 +58,15 @@ def test_truncated_file_is_refused_at_open(tmp_path):
         fh.truncate(f.stat().st_size - 4)
     with pytest.raises(PacketError, match="truncated or resized"):
         open_packet(p.path)
+
+
+def test_file_truncated_after_open_is_refused_when_mapped(tmp_path):
+    p = _make(tmp_path)
+    q = open_packet(p.path)  # sizes checked here
+    with open(p.path / p.specs["frames_nv12"].file, "r+b") as f:
+        f.truncate(5)
+    with pytest.raises(PacketError, match="cannot map .*frames_nv12"):
+        q.array("frames_nv12")
 
 
 def test_missing_file_and_corrupt_manifest(tmp_path):
