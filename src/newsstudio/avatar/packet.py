@@ -1,6 +1,6 @@
 """Avatar packets: one folder per avatar, a JSON manifest plus flat binary arrays.
 
-Why flat files: every array opens with `numpy.memmap` (then `torch.from_numpy`) without a copy
+Why flat files: every array opens as a memory map (`mmap` under a numpy view, then `torch.from_numpy`) without a copy
 or a parse, so switching avatars costs a few system calls (~1 ms), and any engine can add its
 own named arrays later (a registry of arrays, namespaced `engine/name`).
 
