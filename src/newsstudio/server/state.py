@@ -60,8 +60,9 @@ class ServerConfig:
     render_in_flight: int = 2
     """At most this many shared render batches on the GPU at once (engines/batching.py
     ``max_in_flight``; 0: no bound), so batches gather what arrives while the GPU works instead of
-    queueing ahead of it. On an H200 it raised an overloaded server's frames/s by 25-44 % and made 8
-    MuseTalk sessions with render_ahead 8 all on time (benchmarks/RESULTS.md, ninth session)."""
+    queueing ahead of it. On an H200 a bound of 2 raised an overloaded MuseTalk server's frames/s by
+    13-25 % over no bound and made 8 sessions with render_ahead 8 all on time; it beat a bound of 1 on
+    a slower machine (benchmarks/RESULTS.md, ninth session)."""
     render_lead_s: float = 0.0
     """WebSocket chunks are rendered this long before they are due (sent as soon as ready), so the
     render latency of a busy shared GPU batch does not reach the client as jitter. Sessions'
