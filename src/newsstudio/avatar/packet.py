@@ -147,10 +147,14 @@ class Packet:
                 self._maps[name] = np.zeros(spec.shape, dtype=np.dtype(spec.dtype))
             else:
                 # a plain mmap under a plain ndarray: np.memmap costs ~40 % more per array (its
-                # constructor and subclass hooks), and a str path, not pathlib, skips resolving folders
+                # constructor and subclass hooks), a Python file object another ~3 us, and a str path,
+                # not pathlib, skips resolving folders
                 try:
-                    with open(os.path.join(os.fspath(self.path), spec.file), "rb") as f:
-                        mapped = mmap.mmap(f.fileno(), spec.nbytes, access=mmap.ACCESS_READ)
+                    fd = os.open(os.path.join(os.fspath(self.path), spec.file), os.O_RDONLY)
+                    try:
+                        mapped = mmap.mmap(fd, spec.nbytes, access=mmap.ACCESS_READ)
+                    finally:
+                        os.close(fd)  # the map keeps its own handle
                 except (OSError, ValueError) as e:  # removed or truncated since the packet was opened
                     raise PacketError(f"avatar packet {self.path}: cannot map {spec.file} ({name}): {e}") from None
                 self._maps[name] = np.frombuffer(mapped, dtype=np.dtype(spec.dtype)).reshape(spec.shape)
