@@ -57,8 +57,7 @@ def start_server(args) -> tuple[str, object, object, object]:
     avatar(d / "astronaut.png", args.avatar, (args.size, args.size), d / "avatars")
     cfg = ServerConfig(engine=args.engine, device=args.device, avatars=d / "avatars", clips=d / "clips",
                        max_sessions=max(args.sessions) + 2, weights=args.weights, fps=args.fps, accel=args.accel,
-                       batch_sessions=not args.no_batch,
-                       front_end_streams=bool(args.front_end_streams) and on_off(args.front_end_streams.split(",")[0]))
+                       batch_sessions=not args.no_batch, front_end_streams=bool(args.front_end_streams and args.front_end_streams[0]))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     app = create_app(cfg)
@@ -69,10 +68,13 @@ def start_server(args) -> tuple[str, object, object, object]:
     return f"http://127.0.0.1:{sock.getsockname()[1]}", server, cfg, app.state.ns
 
 
-def on_off(word: str) -> bool:
-    if word not in ("on", "off"):
-        raise SystemExit(f"--front-end-streams takes on, off or a comma-separated list of them, got {word!r}")
-    return word == "on"
+def on_off_list(spec: str | None) -> list[bool]:
+    """``--front-end-streams``: absent -> [], "on" -> [True], "off,on" -> [False, True]."""
+    words = spec.split(",") if spec else []
+    bad = [w for w in words if w not in ("on", "off")]
+    if bad:
+        raise SystemExit(f"--front-end-streams takes on, off or a comma-separated list of them, got {bad[0]!r}")
+    return [w == "on" for w in words]
 
 
 def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
@@ -82,12 +84,12 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
         return [kind(x) for x in spec.split(",")] if spec and (cfg is not None or not local) else [None]
 
     # one --front-end-streams value is the server's start setting; a list is swept on the running server
-    front_end = args.front_end_streams if "," in (args.front_end_streams or "") else None
+    front_end = args.front_end_streams if len(args.front_end_streams) > 1 and cfg is not None else [None]
     base_prebuffer = getattr(cfg, "prebuffer_s", 0.0)
     out = []
     for si, lead, ahead, in_flight, own in itertools.product(
             values(args.switch_intervals, float, local=False), values(args.render_leads, float),
-            values(args.render_aheads, int), values(args.render_in_flight, int), values(front_end, on_off)):
+            values(args.render_aheads, int), values(args.render_in_flight, int), front_end):
         def apply(si=si, lead=lead, ahead=ahead, in_flight=in_flight, own=own) -> None:
             if si is not None:
                 sys.setswitchinterval(si)  # the server's GIL hand-off (it runs in this process)
@@ -376,6 +378,7 @@ def main() -> None:
                          "(with counts) at the end of each level (server started here; slows it a little)")
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args()
+    args.front_end_streams = on_off_list(args.front_end_streams)  # checked before a server starts
     t0 = time.monotonic()
     args.sessions = [int(x) for x in args.sessions.split(",") if x]
     pcm, sr = load_speech(args.speech)

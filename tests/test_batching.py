@@ -406,4 +406,3 @@ def test_a_batcher_switched_between_its_own_stream_and_the_shared_one_keeps_ever
                 torch.testing.assert_close(o, slow(x))
     finally:
         b.close()
-

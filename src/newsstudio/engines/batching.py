@@ -98,8 +98,7 @@ class Batcher(Generic[T, R]):
             raise ValueError(f"max_frames must be >= 1, got {max_frames}")
         self.device = torch.device(device) if device is not None else None
         self.own_stream = False
-        self.max_in_flight = 0
-        self._bound = 0  # the bound asked for; in force only on the shared CUDA stream
+        self._bound = 0  # the bound asked for; `max_in_flight` is what is in force
         self.set_own_stream(own_stream)
         self.set_max_in_flight(max_in_flight)
         self._in_flight: deque[torch.cuda.Event] = deque()
@@ -121,8 +120,12 @@ class Batcher(Generic[T, R]):
         if n < 0:
             raise ValueError(f"max_in_flight must be >= 0 (0: no bound), got {n}")
         self._bound = int(n)
+
+    @property
+    def max_in_flight(self) -> int:
+        """The bound in force: the one asked for on the shared CUDA stream, else 0."""
         on_shared_cuda_stream = self.device is not None and self.device.type == "cuda" and not self.own_stream
-        self.max_in_flight = self._bound if on_shared_cuda_stream else 0
+        return self._bound if on_shared_cuda_stream else 0
 
     def set_own_stream(self, on: bool) -> None:
         """Run the next batches on a CUDA stream of this worker's own (module doc) or on the shared
@@ -130,7 +133,6 @@ class Batcher(Generic[T, R]):
         submitted (a batch goes to the own stream only if every request in it came with its event),
         so a server can switch between live sessions' requests without losing any."""
         self.own_stream = bool(on) and self.device is not None and self.device.type == "cuda"
-        self.set_max_in_flight(self._bound)
 
     # -- callers ------------------------------------------------------------------------------
     def submit(self, item: T) -> Future:
