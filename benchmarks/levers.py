@@ -1,7 +1,7 @@
 """Speed levers, one network at a time: what each lever buys in frames/s and what it costs in
 accuracy against the plain float32 path, on the same GPU in the same run.
 
-    python -m benchmarks.levers [--only unet,vae,ditto,lmdm] [--batch 16 | --batch unet=16,lmdm=32]
+    python -m benchmarks.levers [--only unet,vae,ditto,lmdm,hubert] [--batch 16 | --batch unet=16,lmdm=32]
                                 [--iters 10] [--compile-mode default] [--json levers.json] [--quick]
 
 Networks (seeded random weights from `fill_seeded_`: speed does not depend on weight values):
@@ -9,8 +9,9 @@ Networks (seeded random weights from `fill_seeded_`: speed does not depend on we
   vae    sd-vae AutoencoderKL decode, [B,4,32,32] latents -> [B,3,256,256]
   ditto  WarpingNetwork + SPADEDecoder, [B,32,16,64,64] feature volume + keypoints -> [B,3,512,512]
   lmdm   Ditto LMDM, DDIM 4 steps (eta 1, CFG batched), B windows of 80 frames (fps counts 80 per window)
+  hubert Ditto HuBERT-large (transformers, float32 in the engine), B windows of 6480 samples (fps = windows/s)
 
-Levers: fp32 eager (the reference, TF32 off), TF32, fp16 / bf16 eager, channels_last, CUDA graph
+Levers: fp32 eager (the reference, TF32 off), TF32, fp32 / TF32 under a CUDA graph, fp16 / bf16 eager, channels_last, CUDA graph
 (manual capture of the eager network), torch.compile, compile + CUDA graph (the compiled network
 captured), FP8 linear layers (UNet attention / feed-forward projections, LMDM linear1/linear2/
 out_proj; `newsstudio.accel.fp8`) eager, graphed, and compiled+graphed. Ditto also gets an
@@ -61,8 +62,9 @@ from newsstudio.weights.seeded import fill_seeded_
 
 from .common import machine
 
-DEFAULT_BATCH = {"unet": 16, "vae": 16, "ditto": 16, "lmdm": 32}
-ORDER = ("unet", "vae", "ditto", "lmdm")
+DEFAULT_BATCH = {"unet": 16, "vae": 16, "ditto": 16, "lmdm": 32, "hubert": 8}
+ORDER = ("unet", "vae", "ditto", "lmdm", "hubert")
+HUBERT_WINDOW = 6480  # samples per Ditto HuBERT window (wav2feat)
 LMDM_STEPS = 4
 N_INPUT_SETS = 3
 
@@ -223,7 +225,27 @@ def lmdm_net(quick: bool) -> Net:
                fp8_filter=lambda name, m: name.endswith(keep), has_conv=False)
 
 
-NETS: dict[str, Callable[[bool], Net]] = {"unet": unet_net, "vae": vae_net, "ditto": ditto_net, "lmdm": lmdm_net}
+def hubert_net(quick: bool) -> Net:
+    """Ditto's audio encoder with seeded weights (the transformers HuBERT-large the engine runs
+    under ``--weights random``), on its fixed 6480-sample windows: float32 GEMMs at small M."""
+    from newsstudio.engines.ditto.weights import random_hubert
+
+    def build(device):
+        return random_hubert(0, device=device, num_layers=2 if quick else None)
+
+    def inputs(b, g, device):
+        return (_randn((b, HUBERT_WINDOW), g, device, 0.1),)
+
+    def make_fn(enc):
+        return enc.forward
+
+    keep = ("q_proj", "k_proj", "v_proj", "out_proj", "intermediate_dense", "output_dense")
+    return Net("hubert", f"Ditto HuBERT ({HUBERT_WINDOW}-sample windows)", 1, build, inputs, make_fn,
+               fp8_filter=lambda name, m: name.endswith(keep))
+
+
+NETS: dict[str, Callable[[bool], Net]] = {"unet": unet_net, "vae": vae_net, "ditto": ditto_net, "lmdm": lmdm_net,
+                                          "hubert": hubert_net}
 
 
 # --------------------------------------------------------------------------------------------
@@ -248,7 +270,10 @@ class Lever:
 
 def levers_for(net: Net, half: str) -> list[Lever]:
     h = half
-    out = [Lever("fp32 eager", "fp32", fold=False, reference=True), Lever("tf32 eager", "fp32", tf32=True, fold=False)]
+    out = [Lever("fp32 eager", "fp32", fold=False, reference=True), Lever("tf32 eager", "fp32", tf32=True, fold=False),
+           # the float32 networks the engines graph as they are (Ditto's LMDM, HuBERT), and the same under TF32
+           Lever("fp32 cudagraph", "fp32", mode="cudagraph", fold=False),
+           Lever("tf32 cudagraph", "fp32", mode="cudagraph", tf32=True, fold=False)]
     if net.specialise is not None:
         out.append(Lever(f"{h} eager, SN per call", "half", fold=False))
     out.append(Lever(f"{h} eager", "half"))

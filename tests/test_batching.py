@@ -211,6 +211,58 @@ def test_lmdm_windows_of_several_streams_in_one_batch_equal_sampling_alone():
 
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("accel", ["eager", "cudagraph"])
+@pytest.mark.parametrize("own_stream", [False, True])
+def test_lmdm_windows_of_streams_on_threads_batched_on_the_gpu_equal_sampling_alone(accel, own_stream):
+    """What a server's Ditto sessions do: each on its own thread, blocking in DDIMSampler.sample
+    while the shared MotionBatcher samples their windows together (graphs captured first, as the
+    engine's warm-up does), on the shared CUDA stream or on the batcher's own. Every session gets
+    its motion, equal to sampling alone, within a deadline (a hang fails, it does not block)."""
+    import threading
+
+    from newsstudio.engines.ditto.lmdm import LMDM, DDIMSampler, MotionBatcher
+    from newsstudio.weights.seeded import fill_seeded_
+
+    dev = torch.device("cuda")
+    lmdm = fill_seeded_(LMDM(motion_feat_dim=265, audio_feat_dim=64, seq_frames=20), 5).eval().to(dev)
+    g = torch.Generator().manual_seed(2)
+    conds = [torch.randn(1, 20, 64, generator=g).to(dev) for _ in range(4)]
+    kps = [(torch.randn(1, 265, generator=g) * 0.1).to(dev) for _ in range(4)]
+
+    def sampler(seed, batcher=None):
+        return DDIMSampler(lmdm, steps=4, generator=torch.Generator().manual_seed(seed), batcher=batcher, accel=accel)
+
+    with torch.no_grad():
+        lmdm.ddim_program(4, 1.0, accel).warm_up(kps[0], conds[0])
+        alone = [sampler(10 + k).sample(kps[k], conds[k]) for k in range(4)]
+        mb = MotionBatcher(lmdm, steps=4, accel=accel, own_stream=own_stream)
+    assert mb.own_stream == own_stream
+    results: dict[int, torch.Tensor | BaseException] = {}
+
+    def session(k: int) -> None:
+        try:
+            with torch.no_grad():
+                s = sampler(10 + k, mb)
+                results[k] = torch.stack([s.sample(kps[k], conds[k]) for _ in range(3)])  # three windows in a row
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            results[k] = exc
+
+    threads = [threading.Thread(target=session, args=(k,), daemon=True) for k in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert sorted(results) == [0, 1, 2, 3], f"sessions still waiting for their motion: {sorted(set(range(4)) - set(results))}"
+        for k in range(4):
+            assert isinstance(results[k], torch.Tensor), results[k]
+            first = results[k][0]
+            assert float((first - alone[k]).norm() / alone[k].norm()) < 1e-4
+        assert mb.stats.requests == 12
+    finally:
+        mb.close()
+
 def test_streams_share_one_ddim_program_per_model_and_plan():
     """Every stream's sampler of one LMDM runs the same DDIM program (on CUDA its graphs are
     captured once per batch bucket, not once per stream); the traced (eager, step by step) loop and
@@ -349,8 +401,11 @@ def test_a_batcher_keeps_at_most_its_bound_of_batches_on_the_gpu(bound):
 
 
 def _slow_rows() -> Callable[[torch.Tensor], torch.Tensor]:
-    """A row-wise function with enough device work per call that a missing stream wait would show."""
-    w = torch.randn(512, 512, device="cuda")
+    """A row-wise function with enough device work per call that a missing stream wait would show.
+    The matrix is orthogonal, so the 20 layers do not amplify rounding: rows batched with others
+    (another GEMM kernel) agree with rows run alone to float32 tolerance. (A Gaussian matrix has a
+    gain of ~22 per layer, and its chaos made a 32-row batch differ from 4-row calls on an H200.)"""
+    w = torch.linalg.qr(torch.randn(512, 512, device="cuda"))[0]
 
     def slow(x: torch.Tensor) -> torch.Tensor:
         for _ in range(20):
@@ -358,6 +413,46 @@ def _slow_rows() -> Callable[[torch.Tensor], torch.Tensor]:
         return x
 
     return slow
+
+
+def test_callers_of_a_stalled_batch_get_an_error_and_a_slow_queue_is_not_a_stall():
+    """A batch that never finishes (a wedged device) must not hold its callers forever: with
+    `stall_s` they get a BatchStalledError once the running batch is older than that. Time spent
+    queued behind healthy batches is not a stall."""
+    import threading
+
+    from newsstudio.engines.batching import BatchStalledError
+
+    gate = threading.Event()
+
+    def fn(x):
+        if float(x[0, 0]) < 0:
+            gate.wait(30)  # the wedged batch
+        else:
+            time.sleep(0.15)  # a healthy but slow one
+        return x * 2
+
+    b = TensorBatcher(fn, max_rows=1, name="probe")
+    b.stall_s = 0.4
+    try:
+        # healthy: three 0.15 s batches in a row; the last caller waits ~0.45 s in all, > stall_s
+        futures = [b.submit(torch.full((1, 2), float(k + 1))) for k in range(3)]
+        assert [float(b.wait(f)[0, 0]) for f in futures] == [2.0, 4.0, 6.0]
+        assert not b.stalled() and b.busy_for_s == 0.0
+        # wedged: the caller of the stuck batch and the one queued behind it both get the error
+        stuck = b.submit(torch.full((1, 2), -1.0))
+        behind = b.submit(torch.ones(1, 2))
+        t0 = time.monotonic()
+        for f in (stuck, behind):
+            with pytest.raises(BatchStalledError, match="probe: its batch .* has run for"):
+                b.wait(f)
+        assert 0.4 <= time.monotonic() - t0 < 5 and b.stalled() and b.busy_for_s > 0.4
+        gate.set()  # the device finishes: the queued request still gets its result
+        assert float(behind.result(timeout=10)[0, 0]) == 2.0
+        assert not b.stalled()
+    finally:
+        gate.set()
+        b.close()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -578,6 +578,58 @@ def test_ws_client_that_stops_reading_is_closed_with_a_reason(server):
     assert got > 10
 
 
+def test_a_stalled_render_batch_ends_its_sessions_with_a_reason_and_fails_the_health_check(data_dir):
+    """A wedged device (here: the engine's batched render made to hang, the fault an H200 showed in
+    a Ditto batcher) must not leave live sessions silent forever: each session waiting on the
+    stalled batch is closed with code 1011 and the reason, /health answers 503 naming the batcher,
+    and once the batch finishes the server is healthy again."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    cfg = ServerConfig(engine="classic", device="cpu", avatars=data_dir / "avatars", clips=data_dir / "clips",
+                       max_sessions=3, batch_stall_s=0.5)
+    app = create_app(cfg)
+    gate = threading.Event()
+    with ServerThread(app) as srv:
+        _, eng = app.state.ns.engines.get("classic")
+        healthy_render = eng.render_many
+        calls = []
+
+        def wedged(items):  # the shared render batcher captures this at the first session
+            calls.append(len(items))
+            if len(calls) > 10:
+                gate.wait(60)
+            return healthy_render(items)
+
+        eng.render_many = wedged
+
+        async def run():
+            async with connect(f"{srv.ws_url}/ws", max_size=None) as ws:
+                await ws.send(json.dumps({"type": "start", "avatar": "astro", "engine": "classic", "chunk_frames": 1,
+                                          "sample_rate": 16000}))
+                assert json.loads(await ws.recv())["type"] == "started"
+                await ws.send((speechlike(3.0) * 32767).astype("<i2").tobytes())
+                chunks = 0
+                t0 = time.monotonic()
+                with pytest.raises(ConnectionClosed) as exc:
+                    while time.monotonic() - t0 < 30:
+                        chunks += isinstance(await asyncio.wait_for(ws.recv(), 10), bytes)
+                return chunks, exc.value.rcvd, time.monotonic() - t0
+
+        chunks, close, took = asyncio.run(run())
+        assert chunks >= 5 and len(calls) > 10  # it streamed, then the batch hung
+        assert close.code == 1011 and "BatchStalledError" in close.reason, close
+        assert took < 15
+        h = httpx.get(f"{srv.url}/health", timeout=10)
+        assert h.status_code == 503 and h.json()["status"] == "stalled" and h.json()["stalled_batchers"] == ["classic"]
+        gate.set()  # the device finishes its work
+        t0 = time.monotonic()
+        while httpx.get(f"{srv.url}/health", timeout=10).status_code != 200:
+            assert time.monotonic() - t0 < 10, "the server stayed unhealthy after the batch finished"
+            time.sleep(0.05)
+        assert httpx.get(f"{srv.url}/health", timeout=10).json()["stalled_batchers"] == []
+
+
 def test_speak_say_and_streamed_pcm_into_a_live_session(server):
     """REST speech (upload, typed line via espeak-ng when installed) and streamed PCM over
     /sessions/{id}/audio reach a session that a WebSocket client is watching."""

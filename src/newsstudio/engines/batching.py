@@ -31,6 +31,12 @@ behind it. The worker makes its stream wait for each caller's inputs (an event r
 caller's stream at submit), waits for its own batch to finish, and marks each output as used by its caller's stream
 (``record_stream``) before handing it over: callers get finished tensors and the memory is not
 reused under them.
+
+``stall_s``: a batch that has run longer than this is a stall (a wedged GPU stream: an H200 server
+once kept one batch of Ditto's motion batcher waiting in ``synchronize`` for good, and every live
+session waiting on it fell silent with no error). Callers waiting through :meth:`Batcher.wait`
+then get a :class:`BatchStalledError` instead of waiting forever, and :meth:`Batcher.busy_for_s`
+lets a server's health check report it. Queue time does not count, only the batch running now.
 """
 from __future__ import annotations
 
@@ -39,6 +45,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -51,6 +58,11 @@ from .base import AvatarLayer, Engine
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+class BatchStalledError(RuntimeError):
+    """The batch a caller waits for (or the one ahead of it) has run longer than the batcher's
+    ``stall_s``: the device is not finishing its work."""
 
 
 @dataclass
@@ -108,6 +120,8 @@ class Batcher(Generic[T, R]):
         self.window_s = float(window_s)
         self.name = name
         self.stats = BatcherStats()
+        self.stall_s: float | None = None  # see the module doc; None: wait as long as it takes
+        self._running_since: float | None = None  # monotonic start of the batch running now
         self._q: queue.Queue[_Request[T] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -147,6 +161,30 @@ class Batcher(Generic[T, R]):
         if self._autostart:
             self.start()
         return req.future
+
+    @property
+    def busy_for_s(self) -> float:
+        """Seconds the batch running now has been running (0 when the worker is idle)."""
+        since = self._running_since
+        return 0.0 if since is None else time.monotonic() - since
+
+    def stalled(self) -> bool:
+        """Whether the batch running now has run longer than ``stall_s``."""
+        return self.stall_s is not None and self.busy_for_s > self.stall_s
+
+    def wait(self, future: Future) -> R:
+        """The result of a submitted request; with ``stall_s`` set, a `BatchStalledError` once the
+        worker's current batch has run longer than that, instead of waiting for good."""
+        if self.stall_s is None:
+            return future.result()
+        while True:
+            try:
+                return future.result(timeout=min(1.0, self.stall_s))
+            except FutureTimeout:
+                if self.stalled():
+                    raise BatchStalledError(
+                        f"{self.name}: its batch on {self.device or 'the device'} has run for {self.busy_for_s:.1f} s "
+                        f"(limit {self.stall_s:g} s); the device is not finishing its work") from None
 
     def start(self) -> None:
         with self._start_lock:
@@ -192,6 +230,7 @@ class Batcher(Generic[T, R]):
             first = self._q.get()
             if first is None:
                 return
+            self._running_since = time.monotonic()  # a stall clock from here: the wait for earlier batches counts
             self._wait_for_gpu()
             batch, stop = self._take_batch(first)
             now = time.monotonic()
@@ -201,7 +240,10 @@ class Batcher(Generic[T, R]):
             s.wait_s += sum(waits)
             s.max_wait_s = max(s.max_wait_s, *waits)
             t0 = time.perf_counter()
-            self._run(batch)
+            try:
+                self._run(batch)
+            finally:
+                self._running_since = None
             s.busy_s += time.perf_counter() - t0
             if self.max_in_flight:
                 done = torch.cuda.Event(blocking=True)  # sleep on it, do not spin
@@ -269,7 +311,7 @@ class RenderBatcher(Batcher[tuple[AvatarLayer, torch.Tensor, torch.Tensor], torc
         return super().submit((layer, driving, frame_idx))
 
     def render(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> torch.Tensor:
-        return self.submit(layer, driving, frame_idx).result()
+        return self.wait(self.submit(layer, driving, frame_idx))
 
 
 class TensorBatcher(Batcher[torch.Tensor, torch.Tensor]):
@@ -290,4 +332,4 @@ class TensorBatcher(Batcher[torch.Tensor, torch.Tensor]):
             return [p.clone() for p in parts]
 
     def __call__(self, rows: torch.Tensor) -> torch.Tensor:
-        return self.submit(rows).result()
+        return self.wait(self.submit(rows))

@@ -106,9 +106,13 @@ def create_app(cfg: ServerConfig | None = None) -> FastAPI:
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
-    @app.get("/health", response_model=m.Health, tags=["status"])
+    @app.get("/health", response_model=m.Health, tags=["status"],
+             responses={503: {"model": m.Health, "description": "a shared GPU batch has stalled"}})
     async def health():
-        return m.Health(
+        stalled = state.engines.stalled()
+        body = m.Health(
+            status="stalled" if stalled else "ok",
+            stalled_batchers=stalled,
             version=_version,
             uptime_s=round(time.time() - state.started, 3),
             device=str(state.device),
@@ -118,6 +122,7 @@ def create_app(cfg: ServerConfig | None = None) -> FastAPI:
             max_sessions=state.sessions.max_sessions,
             tts=m.TtsInfo(**state.tts.info()),
         )
+        return JSONResponse(body.model_dump(), status_code=503) if stalled else body
 
     @app.get("/metrics", response_model=m.Metrics, tags=["status"])
     async def metrics():

@@ -20,8 +20,10 @@ class EngineUnavailable(RuntimeError):
 
 class EnginePool:
     def __init__(self, default: str, device: torch.device, weights: str, models: Any, accel: str = "auto",
-                 batch_sessions: bool = True, front_end_streams: bool = False, render_in_flight: int = 0):
+                 batch_sessions: bool = True, front_end_streams: bool = False, render_in_flight: int = 0,
+                 stall_s: float | None = None):
         self.device = device
+        self.stall_s = stall_s  # every shared batcher's `Batcher.stall_s`
         self.batch_sessions = batch_sessions
         self.front_end_streams = front_end_streams
         self.render_in_flight = render_in_flight
@@ -80,6 +82,8 @@ class EnginePool:
                 b = self._batchers[name] = RenderBatcher(eng, max_in_flight=self.render_in_flight)
                 for stage, shared in eng.use_stream_batchers(own_streams=self.front_end_streams).items():  # audio encoders, Ditto's LMDM windows
                     self._batchers[f"{name}/{stage}"] = shared
+                for made in self._batchers.values():
+                    made.stall_s = self.stall_s
         return b.render  # type: ignore[attr-defined]  # the engine's own key holds its RenderBatcher
 
     def set_render_in_flight(self, n: int) -> None:
@@ -96,6 +100,10 @@ class EnginePool:
         for b in list(self._batchers.values()):
             if not isinstance(b, RenderBatcher):
                 b.set_own_stream(on)
+
+    def stalled(self) -> list[str]:
+        """The shared batchers whose current batch has run past `stall_s` (a wedged device)."""
+        return [name for name, b in list(self._batchers.items()) if b.stalled()]
 
     def batcher_stats(self) -> dict[str, dict[str, float]]:
         return {name: b.stats.as_dict() for name, b in self._batchers.items()}

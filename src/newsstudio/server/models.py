@@ -29,7 +29,9 @@ class TtsInfo(BaseModel):
 
 
 class Health(BaseModel):
-    status: Literal["ok"] = "ok"
+    status: Literal["ok", "stalled"] = "ok"
+    """"stalled" (HTTP 503): a shared GPU batch has run past the server's stall limit."""
+    stalled_batchers: list[str] = []
     version: str
     uptime_s: float
     device: str

@@ -63,6 +63,11 @@ class ServerConfig:
     queueing ahead of it. On an H200 a bound of 2 raised an overloaded MuseTalk server's frames/s by
     13-25 % over no bound and made 8 sessions with render_ahead 8 all on time; it beat a bound of 1 on
     a slower machine (benchmarks/RESULTS.md, ninth session)."""
+    batch_stall_s: float | None = None
+    """A shared batch running longer than this is a stall: the sessions waiting on it end with an
+    error instead of falling silent, and /health answers 503 naming the batcher (so a supervisor
+    can restart the server). None: 60 s on CUDA (a batch takes milliseconds there), off on the
+    CPU (a slow machine's batch may take long)."""
     render_lead_s: float = 0.0
     """WebSocket chunks are rendered this long before they are due (sent as soon as ready), so the
     render latency of a busy shared GPU batch does not reach the client as jitter. Sessions'
@@ -151,8 +156,9 @@ class ServerState:
         self.clips_dir = Path(clips).resolve()
         self.clips_dir.mkdir(parents=True, exist_ok=True)
         self.fps = Fraction(cfg.fps).limit_denominator(1001)
+        stall_s = cfg.batch_stall_s if cfg.batch_stall_s is not None else (60.0 if self.device.type == "cuda" else None)
         self.engines = EnginePool(cfg.engine, self.device, cfg.weights, cfg.models, cfg.accel, cfg.batch_sessions,
-                                  cfg.front_end_streams, cfg.render_in_flight)
+                                  cfg.front_end_streams, cfg.render_in_flight, stall_s)
         self.sessions = SessionManager(cfg.max_sessions)
         self.jobs = JobManager({"prebake": 1, "clip": 2}, keep=cfg.jobs_kept)
         self.metrics = Metrics()

@@ -333,9 +333,9 @@ class WsSession:
             pass
         except asyncio.CancelledError:
             raise
-        except Exception:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001
             log.exception("ws pump failed")
-            self.closing = (1011, "internal error while rendering")
+            self.closing = (1011, f"internal error while rendering: {type(e).__name__}: {e}"[:120])
         finally:
             if h264 is not None:
                 h264.close()

@@ -325,7 +325,7 @@ class DDIMSampler:
         if step_noise is None:
             step_noise = torch.stack(self.step_noise).expand(-1, b, -1, -1) if self.step_noise else x.new_zeros((0, *shape))
             if self.batcher is not None and trace is None:
-                return self.batcher.submit((kp_cond, aud_cond, x, step_noise)).result()
+                return self.batcher.wait(self.batcher.submit((kp_cond, aud_cond, x, step_noise)))
         return self.program(kp_cond, aud_cond, x, step_noise.to(x.device, x.dtype), trace=trace)
 
 
