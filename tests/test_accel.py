@@ -431,6 +431,64 @@ def test_host_copies_through_pinned_memory_on_cuda():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graphs_of_two_networks_replayed_at_once_on_two_streams_each_give_their_own_result():
+    """A live server with front-end streams replays two networks' graphs at the same time (HuBERT on
+    one stream, Ditto's LMDM windows on another): each must compute what it computes alone. With both
+    captured on one stream they shared one cuBLAS workspace, and on an H200 a batch never finished.
+    Float32 GEMMs with few rows and a long inner dimension, where cuBLAS splits K through its workspace."""
+    import threading
+
+    from newsstudio.accel.static import BucketedRunner
+
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+
+    def mlp(width: int):
+        ws = [torch.randn(width, width, device=dev, generator=g) / width**0.5 for _ in range(6)]
+
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            for w in ws:
+                x = torch.tanh(x @ w)
+            return x
+
+        return fn
+
+    nets = [mlp(4096), mlp(2048)]
+    runners = [BucketedRunner(f, "cudagraph", min_bucket=8, max_bucket=16) for f in nets]
+    inputs = [torch.randn(16, 4096, device=dev, generator=g), torch.randn(16, 2048, device=dev, generator=g)]
+    with torch.no_grad():
+        for r, x in zip(runners, inputs):
+            r.warm_up((x,))
+        alone = [r(x) for r, x in zip(runners, inputs)]  # one at a time, default stream
+        torch.cuda.synchronize()
+    captures = {r.family.capture_stream(dev).cuda_stream for r in runners}
+    assert len(captures) == 2 and torch.cuda.current_stream().cuda_stream not in captures
+    bad: list[str] = []
+
+    def hammer(k: int) -> None:
+        stream = torch.cuda.Stream()
+        try:
+            with torch.no_grad(), torch.cuda.stream(stream):
+                for i in range(200):
+                    n = 16 if i % 2 else 8  # both buckets of the family
+                    out = runners[k](inputs[k][:n])
+                    stream.synchronize()
+                    if not torch.allclose(out, alone[k][:n], rtol=1e-4, atol=1e-5):
+                        bad.append(f"net {k} call {i}: max diff {float((out - alone[k][:n]).abs().max()):.3g}")
+                        return
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            bad.append(f"net {k}: {type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=hammer, args=(k,), daemon=True) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a replay never finished"
+    assert not bad, bad
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_graph_runner_called_from_two_streams_never_refills_inputs_under_a_running_replay():
     """A server's front-end batchers (own streams) and a clip job (default stream) share runners:
     a call from another stream waits for the previous call's replay before refilling its inputs."""

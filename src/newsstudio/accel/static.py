@@ -33,8 +33,10 @@ gets copies; with False it gets views that the next call overwrites.
 
 Callers on different CUDA streams (with `--front-end-streams` a live server's audio and motion
 batchers run on their own, clip jobs on the default stream) are ordered on the GPU, not only by the
-call lock: a call from another stream than the previous one first waits for that call's work (an
-event), so it never refills the static inputs while the previous replay still reads them.
+call lock: each runner belongs to a `GraphFamily` (all buckets of one `BucketedRunner` share one),
+whose calls from another stream than the previous one first wait for that call's work (an event),
+and whose graphs are captured on a stream of the family's own, so graphs of different families
+that do replay at the same time never share a cuBLAS workspace (accel/graph_family.py).
 """
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ from typing import Any
 import torch
 
 from .cache import configure_compile_cache
+from .graph_family import GraphFamily
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +168,7 @@ class StaticBatchRunner:
         backend: str | Callable[..., Any] = "inductor",
         allow_cpu_compile: bool = False,
         compiled: Callable[..., Any] | None = None,
+        family: GraphFamily | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -199,7 +203,7 @@ class StaticBatchRunner:
         # One caller at a time: the staging buffers, the graph's outputs and the copy-out are shared
         # (streams of one server call a shared runner from their own threads).
         self._call_lock = threading.RLock()
-        self._last_call: tuple[torch.cuda.Stream, torch.cuda.Event] | None = None  # (stream, its end) on CUDA
+        self.family = family if family is not None else GraphFamily()  # capture stream + cross-stream order
 
         self.mode = mode
         on_cuda = self.device.type == "cuda" and torch.cuda.is_available()
@@ -289,7 +293,8 @@ class StaticBatchRunner:
         cur.wait_stream(side)
         torch.cuda.synchronize(dev)
         graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other sessions keep launching
+        capture = self.family.capture_stream(dev)  # the family's own cuBLAS workspace
+        with torch.no_grad(), torch.cuda.graph(graph, stream=capture, capture_error_mode="thread_local"):  # other sessions keep launching
             out = target(*self.static_inputs)
         torch.cuda.synchronize(dev)
         self._graph, self._static_out = graph, out
@@ -322,14 +327,8 @@ class StaticBatchRunner:
             self.prepare()
         if self.device.type != "cuda":
             return self._call(inputs, n)
-        stream = torch.cuda.current_stream(self.device)
-        if self._last_call is not None and self._last_call[0] != stream:
-            stream.wait_event(self._last_call[1])  # the previous caller's replay still reads the buffers
-        out = self._call(inputs, n)
-        done = torch.cuda.Event()
-        done.record(stream)
-        self._last_call = (stream, done)
-        return out
+        with self.family.replay_on(torch.cuda.current_stream(self.device)):  # after the family's previous call
+            return self._call(inputs, n)
 
     def _call(self, inputs: Sequence[torch.Tensor], n: int) -> Any:
         staged = self._stage(inputs)
@@ -445,6 +444,7 @@ class BucketedRunner:
         self.compile_mode, self.fallback_on_error, self.cache_dir = compile_mode, fallback_on_error, cache_dir
         self.backend, self.allow_cpu_compile = backend, allow_cpu_compile
         self.runners: dict[int, StaticBatchRunner] = {}
+        self.family = GraphFamily()  # the buckets replay one at a time: one capture stream, one order
         self._compiled: Callable[..., Any] | None = None
         self._lock = threading.Lock()
 
@@ -469,7 +469,8 @@ class BucketedRunner:
             if r is None:
                 r = StaticBatchRunner(self.fn, bucket, [x[:1] for x in example_inputs], mode=self.mode,
                                       fallback_on_error=self.fallback_on_error, compiled=self._shared_compiled(),
-                                      cache_dir=self.cache_dir, allow_cpu_compile=self.allow_cpu_compile)
+                                      cache_dir=self.cache_dir, allow_cpu_compile=self.allow_cpu_compile,
+                                      family=self.family)
                 self.runners[bucket] = r
         return r
 
