@@ -10,7 +10,9 @@ one early first chunk does not set the clock), stays under the buffer. A server 
 behind shows lateness growing over the level and fails this. The table also shows errors,
 raw lateness against the first chunk, the server's frames/s, and the
 server's memory before, at peak, and after every session closed (RSS, and CUDA memory when
-the server has a GPU).
+the server has a GPU). A session that spoke in less than --min-speaking of its frames is not
+sustained whatever its timing: idle frames cost the server little, so a broken speech path
+(a stalled batcher on an H200, tenth session) must not read as a server keeping up.
 
     python -m benchmarks.load_test --sessions 1,2,4,8 --duration 15 --size 256
     python -m benchmarks.load_test --url http://host:8000 --avatar anchor --sessions 16
@@ -288,7 +290,8 @@ async def run_level(url: str, n: int, args, pcm, sr) -> dict:
         jitters.extend(jitter.tolist())
         got = s["frames"] / max(1.0, s.get("expected", 1.0))
         rates.append(s["frames"] / max(1e-9, s.get("span", 1e-9)))
-        if not s["errors"] and got >= 0.97 and np.percentile(jitter, 95) < buffer_s:
+        spoke = s["speaking"] / max(1, s["frames"])
+        if not s["errors"] and got >= 0.97 and np.percentile(jitter, 95) < buffer_s and spoke >= args.min_speaking:
             sustained += 1
     lat = np.array(lates or [0.0])
     gpu = lambda m: sum(g["allocated_bytes"] for g in (m["gpu"] or []))  # noqa: E731
@@ -352,6 +355,9 @@ def main() -> None:
     ap.add_argument("--chunk-frames", type=int, default=2)
     ap.add_argument("--playout-ms", type=float, default=100.0,
                     help="the client's playout buffer: a chunk is on time within it (at least one chunk)")
+    ap.add_argument("--min-speaking", type=float, default=0.3,
+                    help="a sustained session spoke in at least this share of its frames (Ditto's first window needs "
+                         "~3 s of speech, so ~0.7 of a 12 s level is normal there; 0 is a broken speech path)")
     ap.add_argument("--speech", default=None, help="speech file streamed by every client (default: builtin:hello)")
     ap.add_argument("--client-processes", type=int, default=1,
                     help="run the clients in this many child processes (the server here keeps its CPU)")

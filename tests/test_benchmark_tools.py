@@ -46,4 +46,12 @@ def test_the_load_test_sweeps_server_settings_on_one_running_server(tmp_path):
     assert [(r["render_in_flight"], r["front_end_streams"]) for r in rows] == [(0, False), (0, True), (2, False), (2, True)]
     for r in rows:
         assert r["errors"] == 0 and r["fps_median"] > 0, r
+        assert r["speaking_share"] > 0.5, r  # the clients' speech reached the sessions
         assert r["active_after"] == 0  # every session closed before the next level
+    # a session counts as sustained only if it spoke: asking for more speech than any session can have
+    # (a stand-in for a broken speech path, where idle frames stream on time) leaves none sustained
+    cmd = cmd[: cmd.index("--render-in-flight")] + ["--min-speaking", "1.01", "--json", str(out)]
+    done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (row,) = json.loads(out.read_text())
+    assert row["errors"] == 0 and row["fps_median"] > 0 and row["sustained"] == 0, row

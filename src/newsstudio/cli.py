@@ -297,8 +297,9 @@ def serve(
     render_in_flight: int = typer.Option(2, min=0, help="Shared render batches on the GPU at once "
                                          "(0: no bound); a bound makes batches form at the GPU's pace."),
     front_end_streams: bool = typer.Option(False, help="Run the shared audio-encoder and LMDM batchers on CUDA streams of "
-                                           "their own (experimental: 8 MuseTalk sessions got more frames but still not on "
-                                           "time; see benchmarks/RESULTS.md)."),
+                                           "their own (experimental: helped MuseTalk at 8 sessions; with Ditto an H200 "
+                                           "server's motion batch never finished before the graph-family fix, not yet "
+                                           "re-measured; see benchmarks/RESULTS.md)."),
 ) -> None:
     """Start the HTTP/WebSocket/WebRTC server with the web page at /."""
     import uvicorn

@@ -56,7 +56,9 @@ class ServerConfig:
     """The shared front-end batchers (Whisper / HuBERT encoders, Ditto's LMDM windows) run on CUDA
     streams of their own, so their bursts do not queue in front of the sessions' renders and
     copy-outs on the one default stream (engines/batching.py). Off: on an H200 it gave 8 MuseTalk
-    sessions more frames (29.6 vs 27.2 fps each) but not on time (benchmarks/RESULTS.md, eighth session)."""
+    sessions more frames (29.6 vs 27.2 fps each, eighth session) and 8 of 8 on time with render_ahead 8
+    in one run (tenth); with Ditto the LMDM batch never finished (tenth session, before the graph
+    families of accel/graph_family.py; not yet re-measured). benchmarks/RESULTS.md has the figures."""
     render_in_flight: int = 2
     """At most this many shared render batches on the GPU at once (engines/batching.py
     ``max_in_flight``; 0: no bound), so batches gather what arrives while the GPU works instead of
