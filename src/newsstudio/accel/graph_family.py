@@ -6,9 +6,9 @@ by the same thread embeds the *same* workspace (pytorch/pytorch#193402 describes
 Graphs that only ever replay on one stream run one after another, so that is harmless. A live
 server with front-end streams replays graphs on several streams at once (the render on the
 default stream, the audio encoder and Ditto's LMDM windows on streams of their own): two such
-graphs sharing a workspace write each other's split-K partial sums and semaphores. On an H200 that
-left a Ditto LMDM batch spinning for good and the sessions' speech silent (benchmarks/RESULTS.md,
-tenth session).
+graphs sharing a workspace can write each other's split-K partial sums and counters. That is the
+suspected cause (not yet confirmed) of a Ditto LMDM batch on an H200 that never finished, leaving
+the sessions' speech silent (benchmarks/RESULTS.md, tenth session).
 
 A `GraphFamily` is a set of graphs of which at most one replays at a time, like the batch-size
 buckets of one network (`BucketedRunner`):
