@@ -343,6 +343,9 @@ def main() -> None:
     ap.add_argument("--url", help="an already running server (default: start one here)")
     ap.add_argument("--sessions", default="1,2,4,8", help="comma-separated session counts to run in turn")
     ap.add_argument("--duration", type=float, default=15.0, help="seconds per level")
+    ap.add_argument("--warm-up-s", type=float, default=0.0,
+                    help="first, an unrecorded level of the first session count for this long, so the first measured "
+                         "level does not pay the server's first-use costs (first levels were the weaker ones on the H200)")
     ap.add_argument("--size", type=int, default=256, help="avatar size (square) when starting a server here")
     ap.add_argument("--avatar", default="loadtest")
     ap.add_argument("--engine", default="classic")
@@ -405,6 +408,12 @@ def main() -> None:
     rows = []
     levels = [(n, setting) for n in args.sessions for setting in server_settings(args, server_cfg, server_state)]
     syncs = watch_syncs() if args.sync_debug and args.url is None else None
+    if args.warm_up_s > 0 and levels:
+        n, (label, apply) = levels[0]
+        apply()
+        print(f"[{time.monotonic() - t0:.0f} s] warm-up: {n} sessions for {args.warm_up_s:g} s ({label}), not recorded",
+              file=sys.stderr, flush=True)
+        asyncio.run(run_level(url, n, argparse.Namespace(**{**vars(args), "duration": args.warm_up_s, "profile_s": 0.0}), pcm, sr))
     for n, (label, apply) in levels:  # each level's row as soon as it is measured: a run cut short keeps them
         apply()
         print(f"[{time.monotonic() - t0:.0f} s] level of {n} sessions starts ({label})", file=sys.stderr, flush=True)

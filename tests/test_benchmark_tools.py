@@ -49,9 +49,11 @@ def test_the_load_test_sweeps_server_settings_on_one_running_server(tmp_path):
         assert r["speaking_share"] > 0.5, r  # the clients' speech reached the sessions
         assert r["active_after"] == 0  # every session closed before the next level
     # a session counts as sustained only if it spoke: asking for more speech than any session can have
-    # (a stand-in for a broken speech path, where idle frames stream on time) leaves none sustained
-    cmd = cmd[: cmd.index("--render-in-flight")] + ["--min-speaking", "1.01", "--json", str(out)]
+    # (a stand-in for a broken speech path, where idle frames stream on time) leaves none sustained;
+    # a warm-up level runs first and is not recorded
+    cmd = cmd[: cmd.index("--render-in-flight")] + ["--min-speaking", "1.01", "--warm-up-s", "1", "--json", str(out)]
     done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+    assert "warm-up: 1 sessions for 1 s" in done.stderr
     (row,) = json.loads(out.read_text())
     assert row["errors"] == 0 and row["fps_median"] > 0 and row["sustained"] == 0, row
