@@ -368,3 +368,49 @@ def test_page_streams_the_live_microphone(site, tmp_path):
     fb = r["fallback"]
     assert fb["live_disabled"] and "unsupported" in fb["status"] and fb["record"] == 1, fb
     assert LIVE_SCREENSHOT.is_file() and LIVE_SCREENSHOT.stat().st_size > 20_000
+
+
+def test_page_says_when_the_server_has_stalled(tmp_path):
+    """A server whose shared batch hangs answers /health with 503: the page names the stall and what
+    to do, instead of calling the server unreachable."""
+    import threading
+
+    import torch
+    from playwright.async_api import async_playwright
+
+    from newsstudio.avatar.prebake import prebake
+    from PIL import Image
+    from skimage import data
+
+    Image.fromarray(data.astronaut()).save(tmp_path / "astronaut.png")
+    prebake(tmp_path / "astronaut.png", "astro", root=tmp_path / "avatars", size=(256, 256), progress=False)
+    cfg = ServerConfig(engine="classic", device="cpu", avatars=tmp_path / "avatars", clips=tmp_path / "clips",
+                       max_sessions=2, batch_stall_s=0.3)
+    app = create_app(cfg)
+    gate = threading.Event()
+    with ServerThread(app) as srv:
+        engines = app.state.ns.engines
+        _, eng = engines.get("classic")
+        eng.render_many = lambda items: gate.wait(60) and []  # the device never finishes this batch
+        render_batcher = engines.renderer("classic").__self__  # made as the first live session makes it
+        render_batcher.submit(None, None, torch.zeros(1))
+        try:
+            async def run():
+                profile = tempfile.mkdtemp(prefix="ns-chromium-")
+                try:
+                    async with async_playwright() as p:
+                        ctx = await p.chromium.launch_persistent_context(profile, executable_path=CHROMIUM, args=ARGS, headless=True)
+                        page = ctx.pages[0] if ctx.pages else await ctx.new_page()
+                        await asyncio.sleep(0.6)  # past the stall limit
+                        await page.goto(srv.url + "/")
+                        await page.wait_for_function("document.querySelector('#server-status').className.includes('bad')", timeout=10000)
+                        label = await page.text_content("#server-status .label")
+                        await ctx.close()
+                        return label
+                finally:
+                    shutil.rmtree(profile, ignore_errors=True)
+
+            label = asyncio.run(run())
+        finally:
+            gate.set()
+    assert "stalled (classic)" in label and "restart" in label, label

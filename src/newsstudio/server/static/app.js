@@ -96,9 +96,14 @@ async function api(path, opts = {}) {
 async function loadServer() {
   const el = $("server-status");
   try {
-    const h = await api("/health");
-    el.className = "server ok";
-    el.querySelector(".label").textContent = `${h.device.toUpperCase()} · ${h.active_sessions}/${h.max_sessions} sessions`;
+    const r = await fetch("/health");  // 503 with the same body when a shared GPU batch has stalled
+    const h = await r.json();
+    if (!r.ok && h.status !== "stalled") throw new Error(r.statusText);
+    const stalled = h.status === "stalled";
+    el.className = stalled ? "server bad" : "server ok";
+    el.querySelector(".label").textContent = stalled
+      ? `${h.device.toUpperCase()} stalled (${h.stalled_batchers.join(", ")}): restart the server`
+      : `${h.device.toUpperCase()} · ${h.active_sessions}/${h.max_sessions} sessions`;
     ns.tts = h.tts.available;
     $("tts-status").textContent = h.tts.available ? `Voice: ${h.tts.engine}` : "Text to speech unavailable on this server";
     const sel = $("engine");
