@@ -151,14 +151,15 @@ def variant_list(spec: str | None) -> list[str] | None:
 
 
 def parse_variant(spec: str) -> dict[str, Any]:
-    """`ACCEL[:nchw|:cl][:nobench][:norw]` -> engine keywords: the accel mode, channels_last (':nchw'
+    """`ACCEL[:nchw|:cl][:nobench][:norw][:tf32]` -> engine keywords: the accel mode, channels_last (':nchw'
     off, ':cl' on, else the engine's default), cudnn_benchmark (':nobench' off, else the default: on
-    with CUDA) and the engine's exact conv_rewrites (':norw' off). Each configuration gets its own copy of the weights (engines/model_cache.py)."""
+    with CUDA), the engine's exact conv_rewrites (':norw' off) and, for Ditto, its front end graphed
+    with TF32 matmuls (':tf32'). Each configuration gets its own copy of the weights (engines/model_cache.py)."""
     from newsstudio.accel import MODES
 
     accel, *flags = spec.split(":")
-    if accel not in MODES or any(f not in ("nchw", "cl", "nobench", "norw") for f in flags):
-        raise SystemExit(f"--variants: {spec!r} is not ACCEL[:nchw|:cl][:nobench][:norw] with ACCEL one of {MODES}")
+    if accel not in MODES or any(f not in ("nchw", "cl", "nobench", "norw", "tf32") for f in flags):
+        raise SystemExit(f"--variants: {spec!r} is not ACCEL[:nchw|:cl][:nobench][:norw][:tf32] with ACCEL one of {MODES}")
     kw: dict[str, Any] = {"accel": accel}
     if "nchw" in flags or "cl" in flags:
         kw["channels_last"] = "cl" in flags
@@ -166,6 +167,8 @@ def parse_variant(spec: str) -> dict[str, Any]:
         kw["cudnn_benchmark"] = False
     if "norw" in flags:
         kw["conv_rewrites"] = False
+    if "tf32" in flags:
+        kw["front_end_tf32"] = True
     return kw
 
 

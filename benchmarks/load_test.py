@@ -59,7 +59,8 @@ def start_server(args) -> tuple[str, object, object, object]:
     avatar(d / "astronaut.png", args.avatar, (args.size, args.size), d / "avatars")
     cfg = ServerConfig(engine=args.engine, device=args.device, avatars=d / "avatars", clips=d / "clips",
                        max_sessions=max(args.sessions) + 2, weights=args.weights, fps=args.fps, accel=args.accel,
-                       batch_sessions=not args.no_batch, front_end_streams=bool(args.front_end_streams and args.front_end_streams[0]))
+                       batch_sessions=not args.no_batch, front_end_streams=bool(args.front_end_streams and args.front_end_streams[0]),
+                       front_end_tf32=args.front_end_tf32)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     app = create_app(cfg)
@@ -370,6 +371,8 @@ def main() -> None:
     ap.add_argument("--front-end-streams", nargs="?", const="on", default=None,
                     help="ServerConfig.front_end_streams (the audio encoders' and LMDM's batchers on CUDA streams of "
                          "their own): alone, on; or comma-separated off/on values: each level runs under each (server started here)")
+    ap.add_argument("--front-end-tf32", action="store_true",
+                    help="ServerConfig.front_end_tf32 (Ditto's HuBERT and LMDM graphs with TF32 matmuls; server started here)")
     ap.add_argument("--render-leads", default=None,
                     help="comma-separated ServerConfig.render_lead_s values (s): each level runs under each (server started here)")
     ap.add_argument("--render-aheads", default=None,

@@ -431,6 +431,35 @@ def test_host_copies_through_pinned_memory_on_cuda():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_graph_captured_with_tf32_replays_tf32_matmuls_and_leaves_the_process_switch_alone():
+    """Ditto's float32 front end can be graphed with TF32 matmuls: the graph keeps the TF32 kernels
+    chosen at capture, and the process-wide switch (other threads' eager float32 work) is as before."""
+    from newsstudio.accel.precision import tf32
+
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    w = torch.randn(2048, 2048, device=dev, generator=g)
+    x = torch.randn(16, 2048, device=dev, generator=g)
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
+    with torch.no_grad(), tf32(False):
+        exact = x @ w
+        plain = StaticBatchRunner(lambda t: t @ w, 16, x, mode="cudagraph")(x)
+        fast_runner = StaticBatchRunner(lambda t: t @ w, 16, x, mode="cudagraph", tf32=True)
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()) == (False, "highest")
+        fast = fast_runner(x)  # replayed with the switch off
+        with tf32(True):
+            eager_tf32 = x @ w
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()) == before
+
+    def rel(a, b):
+        return float((a - b).norm() / b.norm())
+
+    assert rel(plain, exact) < 1e-5  # float32 graph: float32 kernels
+    assert 1e-5 < rel(fast, exact) < 1e-2  # TF32: ~1e-3 (10-bit mantissa)
+    assert rel(fast, eager_tf32) < rel(fast, exact) / 10
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_graphs_of_two_networks_replayed_at_once_on_two_streams_each_give_their_own_result():
     """A live server with front-end streams replays two networks' graphs at the same time (HuBERT on
     one stream, Ditto's LMDM windows on another): each must compute what it computes alone. With both

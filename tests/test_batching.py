@@ -275,6 +275,9 @@ def test_streams_share_one_ddim_program_per_model_and_plan():
     b = DDIMSampler(lmdm, steps=4, generator=torch.Generator().manual_seed(2))
     assert a.program is b.program and a.program is lmdm.ddim_program(4, 1.0, "eager")
     assert DDIMSampler(lmdm, steps=3).program is not a.program
+    # graphs captured with TF32 matmuls are other graphs: their own program, shared by the samplers that ask for it
+    tf32 = DDIMSampler(lmdm, steps=4, tf32=True).program
+    assert tf32 is not a.program and tf32 is lmdm.ddim_program(4, 1.0, "eager", tf32=True) and tf32.runner.tf32
     import copy
 
     twin = copy.deepcopy(lmdm)  # the lever benchmark copies models: the copy gets programs of its own

@@ -300,6 +300,9 @@ def serve(
                                            "their own (experimental: helped MuseTalk at 8 sessions; with Ditto an H200 "
                                            "server's motion batch never finished before the graph-family fix, not yet "
                                            "re-measured; see benchmarks/RESULTS.md)."),
+    front_end_tf32: bool = typer.Option(False, help="Ditto: capture the HuBERT and LMDM graphs with TF32 matmuls "
+                                        "(experimental: ~2x on those networks at ~1e-3 relative error; not yet measured "
+                                        "on live streams)."),
 ) -> None:
     """Start the HTTP/WebSocket/WebRTC server with the web page at /."""
     import uvicorn
@@ -310,6 +313,7 @@ def serve(
     cfg = ServerConfig(engine=engine, device=device, weights=weights, models=models, avatars=avatars, max_sessions=max_sessions,
                        fps=fps, clips=clips, max_upload_bytes=max_upload_mb << 20, accel=accel,
                        render_ahead=render_ahead, prebuffer_s=prebuffer_ms / 1000, front_end_streams=front_end_streams,
+                       front_end_tf32=front_end_tf32,
                        render_in_flight=render_in_flight)
     uvicorn.Server(uvicorn_config(create_app(cfg), host=host, port=port, log_level="info")).run()
 

@@ -28,6 +28,10 @@ Without CUDA (CPU tensors, or no GPU) every mode runs eager and says so once in 
 compile modes point Inductor at a stable cache folder first (`accel.cache`), and the time of the
 first (compiling) call is kept in `compile_seconds`, the capture time in `capture_seconds`.
 
+``tf32=True`` captures the graph with TF32 matmuls and convolutions (float32 networks: the
+kernels chosen at capture are the graph's for good, so replays need no process-wide switch).
+Graph modes only: an eager call would have to flip that switch under every other thread.
+
 Graph outputs live in the graph's static buffers: with `copy_outputs=True` (default) the caller
 gets copies; with False it gets views that the next call overwrites.
 
@@ -40,6 +44,7 @@ that do replay at the same time never share a cuBLAS workspace (accel/graph_fami
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -51,6 +56,7 @@ import torch
 
 from .cache import configure_compile_cache
 from .graph_family import GraphFamily
+from .precision import tf32 as tf32_math
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +175,7 @@ class StaticBatchRunner:
         allow_cpu_compile: bool = False,
         compiled: Callable[..., Any] | None = None,
         family: GraphFamily | None = None,
+        tf32: bool = False,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -204,6 +211,7 @@ class StaticBatchRunner:
         # (streams of one server call a shared runner from their own threads).
         self._call_lock = threading.RLock()
         self.family = family if family is not None else GraphFamily()  # capture stream + cross-stream order
+        self.tf32 = bool(tf32)  # float32 matmuls captured as TF32 (graph modes; see the module doc)
 
         self.mode = mode
         on_cuda = self.device.type == "cuda" and torch.cuda.is_available()
@@ -287,15 +295,16 @@ class StaticBatchRunner:
         cur = torch.cuda.current_stream(dev)
         side = torch.cuda.Stream(dev)
         side.wait_stream(cur)
-        with torch.no_grad(), torch.cuda.stream(side):
-            for _ in range(self.warmup):
-                target(*self.static_inputs)
-        cur.wait_stream(side)
-        torch.cuda.synchronize(dev)
-        graph = torch.cuda.CUDAGraph()
-        capture = self.family.capture_stream(dev)  # the family's own cuBLAS workspace
-        with torch.no_grad(), torch.cuda.graph(graph, stream=capture, capture_error_mode="thread_local"):  # other sessions keep launching
-            out = target(*self.static_inputs)
+        with tf32_math(True) if self.tf32 else contextlib.nullcontext():  # kernels chosen now are the graph's for good
+            with torch.no_grad(), torch.cuda.stream(side):
+                for _ in range(self.warmup):
+                    target(*self.static_inputs)
+            cur.wait_stream(side)
+            torch.cuda.synchronize(dev)
+            graph = torch.cuda.CUDAGraph()
+            capture = self.family.capture_stream(dev)  # the family's own cuBLAS workspace
+            with torch.no_grad(), torch.cuda.graph(graph, stream=capture, capture_error_mode="thread_local"):  # other sessions keep launching
+                out = target(*self.static_inputs)
         torch.cuda.synchronize(dev)
         self._graph, self._static_out = graph, out
         self.capture_seconds = time.perf_counter() - t0
@@ -423,7 +432,8 @@ class BucketedRunner:
     def __init__(self, fn: Callable[..., Any], mode: str, *, min_bucket: int = 4, max_bucket: int = 32,
                  sizes: Sequence[int] | None = None,
                  compile_mode: str = "default", fallback_on_error: bool = True, cache_dir: str | None = None,
-                 backend: str | Callable[..., Any] = "inductor", allow_cpu_compile: bool = False) -> None:
+                 backend: str | Callable[..., Any] = "inductor", allow_cpu_compile: bool = False,
+                 tf32: bool = False) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if sizes is not None:  # explicit bucket sizes instead of the powers of two
@@ -445,6 +455,7 @@ class BucketedRunner:
         self.backend, self.allow_cpu_compile = backend, allow_cpu_compile
         self.runners: dict[int, StaticBatchRunner] = {}
         self.family = GraphFamily()  # the buckets replay one at a time: one capture stream, one order
+        self.tf32 = bool(tf32)
         self._compiled: Callable[..., Any] | None = None
         self._lock = threading.Lock()
 
@@ -470,7 +481,7 @@ class BucketedRunner:
                 r = StaticBatchRunner(self.fn, bucket, [x[:1] for x in example_inputs], mode=self.mode,
                                       fallback_on_error=self.fallback_on_error, compiled=self._shared_compiled(),
                                       cache_dir=self.cache_dir, allow_cpu_compile=self.allow_cpu_compile,
-                                      family=self.family)
+                                      family=self.family, tf32=self.tf32)
                 self.runners[bucket] = r
         return r
 

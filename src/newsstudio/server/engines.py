@@ -21,8 +21,9 @@ class EngineUnavailable(RuntimeError):
 class EnginePool:
     def __init__(self, default: str, device: torch.device, weights: str, models: Any, accel: str = "auto",
                  batch_sessions: bool = True, front_end_streams: bool = False, render_in_flight: int = 0,
-                 stall_s: float | None = None):
+                 stall_s: float | None = None, front_end_tf32: bool = False):
         self.device = device
+        self.front_end_tf32 = front_end_tf32
         self.stall_s = stall_s  # every shared batcher's `Batcher.stall_s`
         self.batch_sessions = batch_sessions
         self.front_end_streams = front_end_streams
@@ -58,7 +59,8 @@ class EnginePool:
                 return name, eng
             if name in self._errors:
                 raise EngineUnavailable(self._errors[name])
-            kw = engine_options(name, self.weights, self.models, self.accel, self.device, long_running=True)
+            kw = engine_options(name, self.weights, self.models, self.accel, self.device, long_running=True,
+                                front_end_tf32=self.front_end_tf32)
             try:
                 eng = create_engine(name, device=self.device, **kw)
                 spent = eng.warm_up()  # compile/capture now, not in the first session

@@ -65,6 +65,10 @@ class ServerConfig:
     queueing ahead of it. On an H200 a bound of 2 raised an overloaded MuseTalk server's frames/s by
     13-25 % over no bound and made 8 sessions with render_ahead 8 all on time; it beat a bound of 1 on
     a slower machine (benchmarks/RESULTS.md, ninth session)."""
+    front_end_tf32: bool = False
+    """Ditto's HuBERT and LMDM graphs captured with TF32 matmuls (`DittoEngine(front_end_tf32=)`):
+    ~2x on those networks at ~9e-4 relative error on an H200 (tenth session); off until measured on
+    live streams."""
     batch_stall_s: float | None = None
     """A shared batch running longer than this is a stall: the sessions waiting on it end with an
     error instead of falling silent, and /health answers 503 naming the batcher (so a supervisor
@@ -160,7 +164,7 @@ class ServerState:
         self.fps = Fraction(cfg.fps).limit_denominator(1001)
         stall_s = cfg.batch_stall_s if cfg.batch_stall_s is not None else (60.0 if self.device.type == "cuda" else None)
         self.engines = EnginePool(cfg.engine, self.device, cfg.weights, cfg.models, cfg.accel, cfg.batch_sessions,
-                                  cfg.front_end_streams, cfg.render_in_flight, stall_s)
+                                  cfg.front_end_streams, cfg.render_in_flight, stall_s, cfg.front_end_tf32)
         self.sessions = SessionManager(cfg.max_sessions)
         self.jobs = JobManager({"prebake": 1, "clip": 2}, keep=cfg.jobs_kept)
         self.metrics = Metrics()

@@ -200,7 +200,7 @@ class DittoDriver(FrameQueue):
         self.n_src = layer.n_frames
         gen = torch.Generator(device=self.device).manual_seed(int(cfg.seed))
         self.sampler = DDIMSampler(engine.models.lmdm, steps=int(cfg.steps), eta=1.0, generator=gen,
-                                   batcher=engine.motion_batcher, accel=engine.front_end_accel)
+                                   batcher=engine.motion_batcher, accel=engine.front_end_accel, tf32=engine.front_end_tf32)
         self.stream = MotionWindowStream(self.sampler, d["kp_cond"], overlap=cfg.overlap_v2, smooth_k=cfg.smo_k_d,
                                          fix_kp_cond=cfg.fix_kp_cond, fix_kp_cond_dim=cfg.fix_kp_cond_dim)
         self.warmup = cfg.overlap_v2 if cfg.online_mode else 0
@@ -313,6 +313,10 @@ class DittoEngine(Engine):
     convs; equal up to rounding; the shared plain networks stay as loaded).
     ``stride``: warp + decode every ``stride``-th frame only and interpolate the frames between
     (``stride_mode``: how; see stride.py); 1 = dense.
+    ``front_end_tf32``: HuBERT's and the LMDM's CUDA graphs captured with TF32 matmuls (their
+    float32 GEMMs; levers on an H200: graphed LMDM 17.6 -> 8.6 ms, HuBERT 9.9 -> 3.9 ms for 8 windows
+    at ~9e-4 relative error; benchmarks/RESULTS.md, tenth session). Off by default until it is
+    measured end to end; no effect without CUDA graphs.
     Further keywords: :class:`config.DittoConfig` fields (see the module doc).
     """
 
@@ -337,6 +341,7 @@ class DittoEngine(Engine):
         conv_rewrites: bool = True,
         stride: int = 1,
         stride_mode: str = "mask",
+        front_end_tf32: bool = False,
         **options: Any,
     ):
         device, dtype = neural_defaults(device, dtype, weights)
@@ -356,6 +361,7 @@ class DittoEngine(Engine):
         acc = resolve_accel(device, accel, compile, channels_last, cudnn_benchmark)
         self.accel, self.channels_last, self.cudnn_benchmark = acc.mode, acc.channels_last, acc.cudnn_benchmark
         self.front_end_accel = acc.front_end_mode  # HuBERT and the LMDM sampler (CUDA graphs on CUDA)
+        self.front_end_tf32 = bool(front_end_tf32)
         self.models = get_models(weights, self.models_dir, self.salt or 0, device, dtype, self.config, hubert,
                                  self.channels_last)
         self.weights_id = self.models.weights_id()
@@ -372,7 +378,8 @@ class DittoEngine(Engine):
         # HuBERT over fixed 6480-sample windows, 1-8 per call: ~700 small kernels each, graphed on CUDA.
         # (The release's ONNX encoder is not a torch module and runs as it is.)
         hub = self.models.hubert
-        self._hubert_runner = (BucketedRunner(hub, self.front_end_accel, min_bucket=1, max_bucket=HUBERT_BUCKET_MAX)
+        self._hubert_runner = (BucketedRunner(hub, self.front_end_accel, min_bucket=1, max_bucket=HUBERT_BUCKET_MAX,
+                                              tf32=self.front_end_tf32)
                                if isinstance(hub, torch.nn.Module) else None)
         self.audio_batcher: TensorBatcher | None = None  # the server's streams share HuBERT calls
         # stride mode (stride.py): its driver rows carry the keyframes' rows; its renderer caches per stream
@@ -606,7 +613,7 @@ class DittoEngine(Engine):
         `MotionBatcher` (same motion as alone; many streams' windows per DDIM run)."""
         if self.motion_batcher is None:
             self.motion_batcher = MotionBatcher(self.models.lmdm, steps=int(self.config.steps), max_windows=max_windows,
-                                                accel=self.front_end_accel, own_stream=own_stream)
+                                                accel=self.front_end_accel, own_stream=own_stream, tf32=self.front_end_tf32)
         return self.motion_batcher
 
     def warm_up(self) -> float:
@@ -623,7 +630,8 @@ class DittoEngine(Engine):
                 seconds += self._hubert_runner.warm_up((torch.zeros((1, split_len(self.config.chunksize)), device=self.device),))
             kp_cond = torch.zeros((1, lmdm.motion_feat_dim), device=p.device, dtype=p.dtype)
             aud = torch.zeros((1, lmdm.seq_frames, lmdm.audio_feat_dim), device=p.device, dtype=p.dtype)
-            seconds += lmdm.ddim_program(int(self.config.steps), 1.0, self.front_end_accel).warm_up(kp_cond, aud)
+            seconds += lmdm.ddim_program(int(self.config.steps), 1.0, self.front_end_accel,
+                                         self.front_end_tf32).warm_up(kp_cond, aud)
             return seconds
 
     def idle_driving(self, n: int) -> torch.Tensor | None:

@@ -107,11 +107,12 @@ class DDIMProgram:
     ``__call__(kp_cond [B, F], aud_cond [B, L, C], x_T [B, L, F], step_noise [S−1, B, L, F])``.
     """
 
-    def __init__(self, lmdm: "LMDM", plan: DDIMPlan, mode: str = "eager", max_windows: int = 256) -> None:
+    def __init__(self, lmdm: "LMDM", plan: DDIMPlan, mode: str = "eager", max_windows: int = 256,
+                 tf32: bool = False) -> None:
         self.lmdm, self.plan = lmdm, plan
         p = next(lmdm.parameters())
         self._time_conds = [torch.full((1,), t, dtype=torch.long, device=p.device) for t in plan.times]
-        self.runner = BucketedRunner(self._loop, mode, min_bucket=1, max_bucket=max_windows)
+        self.runner = BucketedRunner(self._loop, mode, min_bucket=1, max_bucket=max_windows, tf32=tf32)
 
     def _loop(self, kp_cond: Tensor, aud_cond: Tensor, x: Tensor, noise: Tensor,
               trace: "DDIMTrace | None" = None) -> Tensor:
@@ -184,7 +185,7 @@ class LMDM(nn.Module):
         self.register_buffer("alphas_cumprod", ac)
         self.register_buffer("sqrt_recipm1_alphas_cumprod", torch.sqrt(1.0 / ac - 1))
         self.register_buffer("sqrt_recip1m_alphas_cumprod", torch.sqrt(1.0 / (1.0 - ac)))
-        self._programs: dict[tuple[int, float, str], DDIMProgram] = {}
+        self._programs: dict[tuple[int, float, str, bool], DDIMProgram] = {}
         self._programs_lock = threading.Lock()
 
     def __getstate__(self) -> dict:
@@ -195,14 +196,14 @@ class LMDM(nn.Module):
         super().__setstate__(state)
         self._programs_lock = threading.Lock()
 
-    def ddim_program(self, steps: int, eta: float = 1.0, mode: str = "eager") -> DDIMProgram:
-        """The shared DDIM program of this model for (steps, eta, mode), made on first use (its
+    def ddim_program(self, steps: int, eta: float = 1.0, mode: str = "eager", tf32: bool = False) -> DDIMProgram:
+        """The shared DDIM program of this model for (steps, eta, mode, tf32), made on first use (its
         CUDA graphs are captured once per batch bucket, not once per stream)."""
-        key = (int(steps), float(eta), mode)
+        key = (int(steps), float(eta), mode, bool(tf32))
         with self._programs_lock:
             prog = self._programs.get(key)
             if prog is None:
-                prog = self._programs[key] = DDIMProgram(self, ddim_plan(self.alphas_cumprod, steps, eta), mode)
+                prog = self._programs[key] = DDIMProgram(self, ddim_plan(self.alphas_cumprod, steps, eta), mode, tf32=tf32)
             return prog
 
     def load_checkpoint(self, path: str | Path, map_location: str | torch.device = "cpu") -> "LMDM":
@@ -257,16 +258,18 @@ class DDIMSampler:
     ``setup(steps)`` builds the plan and draws the S−1 step noises [1, L, F] from ``generator``
     (once: reused for every window until the step count changes); ``sample`` draws x_T per call
     (after the step noises, like the reference). Both can be overridden with explicit tensors.
-    ``accel``: how the loop runs (the model's shared :class:`DDIMProgram`; "cudagraph" on CUDA).
+    ``accel``: how the loop runs (the model's shared :class:`DDIMProgram`; "cudagraph" on CUDA);
+    ``tf32``: its graphs captured with TF32 matmuls (graph modes only; ``accel.static``).
     """
 
     def __init__(self, lmdm: LMDM, steps: int = 50, eta: float = 1.0, generator: torch.Generator | None = None,
-                 batcher: "MotionBatcher | None" = None, accel: str = "eager") -> None:
+                 batcher: "MotionBatcher | None" = None, accel: str = "eager", tf32: bool = False) -> None:
         self.lmdm = lmdm
         self.eta = eta
         self.generator = generator
         self.batcher = batcher  # windows of several streams sampled in one batch (noise still drawn here)
         self.accel = accel
+        self.tf32 = bool(tf32)
         self.plan: DDIMPlan | None = None
         self.program: DDIMProgram | None = None
         self.step_noise: list[Tensor] = []
@@ -292,8 +295,9 @@ class DDIMSampler:
             return
         p = self._param()
         shared = getattr(self.lmdm, "ddim_program", None)  # wrappers (the two-pass reference) get their own
-        self.program = (shared(steps, self.eta, self.accel) if shared is not None
-                        else DDIMProgram(self.lmdm, ddim_plan(self.lmdm.alphas_cumprod, steps, self.eta), self.accel))
+        self.program = (shared(steps, self.eta, self.accel, self.tf32) if shared is not None
+                        else DDIMProgram(self.lmdm, ddim_plan(self.lmdm.alphas_cumprod, steps, self.eta), self.accel,
+                                         tf32=self.tf32))
         self.plan = self.program.plan
         shape = (1, self.lmdm.seq_frames, self.lmdm.motion_feat_dim)
         n = len(self.plan.sigma)
@@ -337,8 +341,8 @@ class MotionBatcher(Batcher):
     would sample alone. ``max_windows`` caps a batch."""
 
     def __init__(self, lmdm: LMDM, steps: int, eta: float = 1.0, max_windows: int = 256, autostart: bool = True,
-                 accel: str = "eager", own_stream: bool = False):
-        self.sampler = DDIMSampler(lmdm, steps=steps, eta=eta, accel=accel)
+                 accel: str = "eager", own_stream: bool = False, tf32: bool = False):
+        self.sampler = DDIMSampler(lmdm, steps=steps, eta=eta, accel=accel, tf32=tf32)
         super().__init__(self._sample_many, lambda item: int(item[1].shape[0]), max_frames=max_windows,
                          autostart=autostart, name="motion-batcher", device=next(lmdm.parameters()).device,
                          own_stream=own_stream)
