@@ -82,10 +82,10 @@ class EnginePool:
             b = self._batchers.get(name)
             if b is None:
                 b = self._batchers[name] = RenderBatcher(eng, max_in_flight=self.render_in_flight)
+                b.stall_s = self.stall_s
                 for stage, shared in eng.use_stream_batchers(own_streams=self.front_end_streams).items():  # audio encoders, Ditto's LMDM windows
                     self._batchers[f"{name}/{stage}"] = shared
-                for made in self._batchers.values():
-                    made.stall_s = self.stall_s
+                    shared.stall_s = self.stall_s
         return b.render  # type: ignore[attr-defined]  # the engine's own key holds its RenderBatcher
 
     def set_render_in_flight(self, n: int) -> None:
