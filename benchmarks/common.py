@@ -140,7 +140,7 @@ def write_json(path: str | os.PathLike[str] | None, data: dict[str, Any]) -> Non
 def add_engine_config_args(ap: argparse.ArgumentParser) -> None:
     """--variants and --mp4, the same in every engine benchmark."""
     ap.add_argument("--variants", default=None,
-                    help="engine configurations to time, ACCEL[:nchw|:cl][:nobench][:norw],... (first = compared with the reference)")
+                    help="engine configurations to time, ACCEL[:nchw|:cl][:nobench][:norw][:tf32|:notf32],... (first = compared with the reference)")
     ap.add_argument("--mp4", default="veryfast", help="segment->MP4 encoding, PRESET[:WORKERS[/SEGMENT_FRAMES]]; several comma-separated "
                     "are each timed (the first is the headline figure)")
 
@@ -151,15 +151,16 @@ def variant_list(spec: str | None) -> list[str] | None:
 
 
 def parse_variant(spec: str) -> dict[str, Any]:
-    """`ACCEL[:nchw|:cl][:nobench][:norw][:tf32]` -> engine keywords: the accel mode, channels_last (':nchw'
+    """`ACCEL[:nchw|:cl][:nobench][:norw][:tf32|:notf32]` -> engine keywords: the accel mode, channels_last (':nchw'
     off, ':cl' on, else the engine's default), cudnn_benchmark (':nobench' off, else the default: on
     with CUDA), the engine's exact conv_rewrites (':norw' off) and, for Ditto, its front end graphed
-    with TF32 matmuls (':tf32'). Each configuration gets its own copy of the weights (engines/model_cache.py)."""
+    with TF32 matmuls (':tf32') or in float32 (':notf32'; else the engine's default, TF32). Each
+    configuration gets its own copy of the weights (engines/model_cache.py)."""
     from newsstudio.accel import MODES
 
     accel, *flags = spec.split(":")
-    if accel not in MODES or any(f not in ("nchw", "cl", "nobench", "norw", "tf32") for f in flags):
-        raise SystemExit(f"--variants: {spec!r} is not ACCEL[:nchw|:cl][:nobench][:norw][:tf32] with ACCEL one of {MODES}")
+    if accel not in MODES or any(f not in ("nchw", "cl", "nobench", "norw", "tf32", "notf32") for f in flags):
+        raise SystemExit(f"--variants: {spec!r} is not ACCEL[:nchw|:cl][:nobench][:norw][:tf32|:notf32] with ACCEL one of {MODES}")
     kw: dict[str, Any] = {"accel": accel}
     if "nchw" in flags or "cl" in flags:
         kw["channels_last"] = "cl" in flags
@@ -167,8 +168,8 @@ def parse_variant(spec: str) -> dict[str, Any]:
         kw["cudnn_benchmark"] = False
     if "norw" in flags:
         kw["conv_rewrites"] = False
-    if "tf32" in flags:
-        kw["front_end_tf32"] = True
+    if "tf32" in flags or "notf32" in flags:
+        kw["front_end_tf32"] = "tf32" in flags
     return kw
 
 

@@ -57,10 +57,12 @@ def start_server(args) -> tuple[str, object, object, object]:
     Image.fromarray(data.astronaut()).save(d / "astronaut.png")
     # landmarks carried as .carry/astronaut.faces.npz where no detector can be installed (GPU machines)
     avatar(d / "astronaut.png", args.avatar, (args.size, args.size), d / "avatars")
+    defaults = {"front_end_streams": args.front_end_streams[0]} if args.front_end_streams else {}
+    if args.front_end_tf32 is not None:  # absent: the server's default for both
+        defaults["front_end_tf32"] = args.front_end_tf32
     cfg = ServerConfig(engine=args.engine, device=args.device, avatars=d / "avatars", clips=d / "clips",
                        max_sessions=max(args.sessions) + 2, weights=args.weights, fps=args.fps, accel=args.accel,
-                       batch_sessions=not args.no_batch, front_end_streams=bool(args.front_end_streams and args.front_end_streams[0]),
-                       front_end_tf32=args.front_end_tf32)
+                       batch_sessions=not args.no_batch, **defaults)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     app = create_app(cfg)
@@ -370,9 +372,11 @@ def main() -> None:
                          "process (the server's GIL hand-off; Python's default is 0.005)")
     ap.add_argument("--front-end-streams", nargs="?", const="on", default=None,
                     help="ServerConfig.front_end_streams (the audio encoders' and LMDM's batchers on CUDA streams of "
-                         "their own): alone, on; or comma-separated off/on values: each level runs under each (server started here)")
-    ap.add_argument("--front-end-tf32", action="store_true",
-                    help="ServerConfig.front_end_tf32 (Ditto's HuBERT and LMDM graphs with TF32 matmuls; server started here)")
+                         "their own; default: the server's, on): alone, on; a value, its setting; or comma-separated "
+                         "off/on values: each level runs under each (server started here)")
+    ap.add_argument("--front-end-tf32", action=argparse.BooleanOptionalAction, default=None,
+                    help="ServerConfig.front_end_tf32 (Ditto's HuBERT and LMDM graphs with TF32 matmuls; default: the "
+                         "server's, on; server started here)")
     ap.add_argument("--render-leads", default=None,
                     help="comma-separated ServerConfig.render_lead_s values (s): each level runs under each (server started here)")
     ap.add_argument("--render-aheads", default=None,

@@ -253,13 +253,14 @@ def test_video_registration_follows_frames(video_packet, engine, astronaut_packe
 
 def test_front_end_tf32_reaches_every_graph_of_the_front_end(packet):
     """`front_end_tf32` is a capture-time setting: HuBERT's runner, the sessions' samplers and the
-    server's shared motion batcher must all get graphs made with it (off: all without)."""
-    for on in (False, True):
-        eng = DittoEngine("cpu", weights="random", front_end_tf32=on, **OPTS)
+    server's shared motion batcher must all get graphs made with it (off: all without; on by default)."""
+    for on in (False, None):
+        eng = DittoEngine("cpu", weights="random", **({} if on is None else {"front_end_tf32": on}), **OPTS)
         layer = eng.load_avatar(packet)
         runners = [eng._hubert_runner, eng.driver(layer).sampler.program.runner]
         runners.append(eng.use_stream_batchers()["motion"].sampler.program.runner)
-        assert [r.tf32 for r in runners] == [on, on, on]
+        want = on is not False
+        assert [r.tf32 for r in runners] == [want, want, want]
         eng.use_stream_batchers()["motion"].close()
         if eng.audio_batcher is not None:
             eng.audio_batcher.close()

@@ -57,6 +57,8 @@ def test_engine_options_pick_compile_only_for_a_long_running_cuda_process():
     assert engine_options("musetalk", "random", None, "auto", "cuda", long_running=True)["accel"] == "compile+cudagraph"
     # TF32 front ends: Ditto's float32 HuBERT and LMDM only (MuseTalk's front end is half precision)
     assert engine_options("ditto", "random", None, front_end_tf32=True)["front_end_tf32"] is True
+    assert engine_options("ditto", "random", None, front_end_tf32=False)["front_end_tf32"] is False
+    assert "front_end_tf32" not in engine_options("ditto", "random", None)  # the engine's own default
     assert "front_end_tf32" not in engine_options("musetalk", "random", None, front_end_tf32=True)
     assert "accel" not in engine_options("ditto", "random", None, "auto", "cpu", long_running=True)  # CPU: eager
     assert engine_options("ditto", "random", None, "cudagraph", "cpu")["accel"] == "cudagraph"

@@ -53,14 +53,15 @@ def check_accel(accel: str) -> str:
 
 def engine_options(name: str, weights: str, models: str | os.PathLike[str] | None, accel: str = "auto",
                    device: str | torch.device | None = None, long_running: bool = False,
-                   front_end_tf32: bool = False) -> dict[str, Any]:
+                   front_end_tf32: bool | None = None) -> dict[str, Any]:
     """Keyword arguments for `create_engine(name, ...)` from the CLI/server settings.
 
     accel ``"auto"``: the engine's own default (CUDA graphs on CUDA, eager on CPU), except for a
     long-running process (``long_running``: the server) on CUDA, which also compiles the networks
     (``compile+cudagraph``: ~2x the frame rate, ~1.5 min of compilation once at start-up, cached
     on disk for the next start). ``front_end_tf32``: Ditto's float32 front end (HuBERT, LMDM)
-    graphed with TF32 matmuls (`DittoEngine`); MuseTalk's front end runs in half precision already."""
+    graphed with TF32 matmuls or not (`DittoEngine`; None: its default, on); MuseTalk's front end
+    runs in half precision already."""
     check_accel(accel)
     if name == "classic":
         return {}
@@ -69,8 +70,8 @@ def engine_options(name: str, weights: str, models: str | os.PathLike[str] | Non
         accel = "compile+cudagraph"
     if accel != "auto":
         kw["accel"] = accel
-    if front_end_tf32 and name == "ditto":
-        kw["front_end_tf32"] = True
+    if front_end_tf32 is not None and name == "ditto":
+        kw["front_end_tf32"] = bool(front_end_tf32)
     return kw
 
 

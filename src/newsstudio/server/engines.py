@@ -20,8 +20,8 @@ class EngineUnavailable(RuntimeError):
 
 class EnginePool:
     def __init__(self, default: str, device: torch.device, weights: str, models: Any, accel: str = "auto",
-                 batch_sessions: bool = True, front_end_streams: bool = False, render_in_flight: int = 0,
-                 stall_s: float | None = None, front_end_tf32: bool = False):
+                 batch_sessions: bool = True, front_end_streams: bool = True, render_in_flight: int = 0,
+                 stall_s: float | None = None, front_end_tf32: bool = True):
         self.device = device
         self.front_end_tf32 = front_end_tf32
         self.stall_s = stall_s  # every shared batcher's `Batcher.stall_s`

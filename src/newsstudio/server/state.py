@@ -52,23 +52,24 @@ class ServerConfig:
     (more streams per GPU: 8 MuseTalk streams at 30 fps on one H200 with 8, see RESULTS.md) but a
     request only covers frames whose speech has arrived, so raise `prebuffer_s` to at least
     render_ahead / fps with it (at the cost of that much latency)."""
-    front_end_streams: bool = False
+    front_end_streams: bool = True
     """The shared front-end batchers (Whisper / HuBERT encoders, Ditto's LMDM windows) run on CUDA
     streams of their own, so their bursts do not queue in front of the sessions' renders and
-    copy-outs on the one default stream (engines/batching.py). Off: on an H200 it gave 8 MuseTalk
-    sessions more frames (29.6 vs 27.2 fps each, eighth session) and 8 of 8 on time with render_ahead 8
-    in one run (tenth); with Ditto the LMDM batch never finished (tenth session, before the graph
-    families of accel/graph_family.py; not yet re-measured). benchmarks/RESULTS.md has the figures."""
+    copy-outs on the one default stream (engines/batching.py); nothing changes off CUDA. On an H200
+    (eleventh session, benchmarks/RESULTS.md): 8 Ditto sessions were 8 of 8 on time with them in
+    every level (chunk jitter p95 65-76 ms) and 2 of 8 (130 ms) in the one level without them that
+    came first on its server; 8 MuseTalk sessions with render_ahead 8 sit at the edge either way
+    (0-8 of 8 with, 0 of 8 in the two levels without)."""
     render_in_flight: int = 2
     """At most this many shared render batches on the GPU at once (engines/batching.py
     ``max_in_flight``; 0: no bound), so batches gather what arrives while the GPU works instead of
     queueing ahead of it. On an H200 a bound of 2 raised an overloaded MuseTalk server's frames/s by
     13-25 % over no bound and made 8 sessions with render_ahead 8 all on time; it beat a bound of 1 on
     a slower machine (benchmarks/RESULTS.md, ninth session)."""
-    front_end_tf32: bool = False
+    front_end_tf32: bool = True
     """Ditto's HuBERT and LMDM graphs captured with TF32 matmuls (`DittoEngine(front_end_tf32=)`):
-    ~2x on those networks at ~9e-4 relative error on an H200 (tenth session); off until measured on
-    live streams."""
+    on an H200 dense 280 -> 304 fps and time to first frame 55 -> 38 ms, 8 live sessions on time
+    either way (eleventh session), at ~9e-4 relative error of those networks' outputs vs float32."""
     batch_stall_s: float | None = None
     """A shared batch running longer than this is a stall: the sessions waiting on it end with an
     error instead of falling silent, and /health answers 503 naming the batcher (so a supervisor
