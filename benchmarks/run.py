@@ -81,7 +81,7 @@ def engine_figures(engine, packet, seconds: float, chunk: int, repeat: int, out_
             "live_ttff": live_ttff(engine, packet, audio, 25, min(chunk, 4))}
 
 
-LOAD_FPS = {"musetalk": 30, "ditto": 25, "classic": 30}  # Ditto's motion model runs at 25 fps only
+LOAD_FPS = {"musetalk": 30, "ditto": 25, "classic": 30}  # Ditto's native rate (others resample its 25 fps motion)
 
 
 def parse_load(spec: str | None) -> dict[str, list[int]]:

@@ -411,8 +411,34 @@ def test_ditto_stream_contract(engine, packet):
     bg = packet.tensor("frames_nv12")[0]
     roi = (frames[:, y0 : y0 + rh, x0 : x0 + rw].int() - bg[y0 : y0 + rh, x0 : x0 + rw].int()).abs()
     assert roi.float().mean() > 1.0
-    with pytest.raises(ValueError, match="25 fps"):
-        engine.conditioner(30)
+    for bad in (0, 500, float("nan")):
+        with pytest.raises(ValueError, match="fps"):
+            engine.conditioner(bad)
+
+
+def test_ditto_streams_at_30_fps_with_its_25_fps_motion_resampled(engine, packet):
+    """Another output rate: every frame of the audio's span at that rate, the audio cut on its
+    frames, and the motion the 25 fps stream's, resampled (resample.py)."""
+    sr = 16000
+    pcm = _speechlike(0.6, sr)
+    chunks = list(stream_generator(engine, packet, (pcm, sr), fps=30, chunk_frames=4, output="rgb"))
+    assert sum(c["num_frames"] for c in chunks) == math.ceil(pcm.shape[1] * 30 / sr) == 18
+    assert np.array_equal(np.concatenate([c["audio"] for c in chunks], axis=1), pcm)
+    assert np.allclose(np.concatenate([c["pts"] for c in chunks]), np.arange(18) / 30)
+    layer = engine.load_avatar(packet)
+
+    def rows(fps: float | None) -> torch.Tensor:
+        cond, drv = engine.conditioner(fps or 25), engine.driver(layer, fps)
+        cond.push(pcm[0])
+        cond.close()
+        drv.push(cond.take(cond.ready))
+        drv.close()
+        return drv.take(drv.ready)
+
+    native, at30 = rows(None), rows(30)
+    assert native.shape[0] == 15 and at30.shape[0] == 18
+    # output frames 0, 6, 12 fall on 25 fps rows 0, 5, 10 (same seeded noise per stream): the same rows
+    torch.testing.assert_close(at30[::6], native[::5][:3])
 
 
 def test_idle_driving_is_the_source_at_rest(engine, packet):

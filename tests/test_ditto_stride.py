@@ -55,9 +55,9 @@ def video_packet(astronaut_packet, tmp_path_factory, dense):
     return dense.prebake(packet, progress=False)
 
 
-def _stream(engine: DittoEngine, layer, feats: torch.Tensor):
+def _stream(engine: DittoEngine, layer, feats: torch.Tensor, fps: float | None = None):
     """(driver, all its rows). Keep the driver while rendering: it owns the stream's cache."""
-    drv = engine.driver(layer)
+    drv = engine.driver(layer, fps)
     drv.push(feats)
     drv.close()
     return drv, drv.take(drv.ready)
@@ -117,6 +117,20 @@ def test_stride_1_is_the_dense_path(dense, video_packet):
         x_s, x_d = e1.keypoints(layer, rows[1:3], idx)
         crops = e1._decoder(e1._warp(layer.data["f_s"][idx].float(), x_s, x_d)).clamp(0, 1) * 255  # the engine's networks
     assert torch.equal(got, sample_crops_to_roi(crops, layer.data["grid"][idx]))
+
+
+def test_stride_mode_at_30_fps_strides_over_the_resampled_motion(dense, video_packet):
+    """At 30 fps the stride rows carry the 25 fps motion resampled (each row its own frame's, as
+    the dense engine at 30 fps has it), and a keyframe renders as the dense engine renders it."""
+    e2 = DittoEngine("cpu", weights="random", stride=2, **OPTS)
+    layer2, layer = e2.load_avatar(video_packet), dense.load_avatar(video_packet)
+    rows = _stream(e2, layer2, FEATS, 30)[1]
+    dense_rows = _stream(dense, layer, FEATS, 30)[1]
+    assert rows.shape[0] == dense_rows.shape[0] == math.ceil(T * 30 / 25)
+    assert torch.equal(rows[:, :DRIVING_DIM], dense_rows)
+    idx = pingpong_index(torch.arange(rows.shape[0]), layer.n_frames)
+    with torch.inference_mode():
+        assert torch.equal(e2.render(layer2, rows[:1], idx[:1]), dense.render(layer, dense_rows[:1], idx[:1]))
 
 
 def test_stride_3_renders_only_keyframes(dense, video_packet):

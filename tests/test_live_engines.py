@@ -163,3 +163,37 @@ def test_speech_input_work_never_holds_up_frames(setup):
     assert timings["push"] > 0.05, f"{name}: the push was too quick ({timings['push']:.3f} s) to show anything"
     assert pushing and waited < timings["push"] / 2, (name, waited, timings["push"])
     s.close()
+
+
+def test_a_ditto_session_at_30_fps_speaks_on_its_own_frame_clock(setup):
+    """Ditto's motion is generated at 25 fps; a 30 fps session gets it resampled: the speech goes
+    on air, the face moves, and the sound starts on the first speech frame of the 30 fps clock."""
+    name, eng, packet = setup
+    if name != "ditto":
+        pytest.skip("MuseTalk's conditioner works at any rate itself")
+    fps = 30
+    ts = ScaledTime()
+    ts.set(0.0)
+    s = LiveSession(eng, packet, fps=fps, time_source=ts, prebuffer_s=0.12, render_ahead=1)
+    idle, _ = _collect(s, ts, 0.1)
+    ref = idle[min(idle)]
+    s.push_speech(_speechlike(1.6, SR), SR)
+    s.end_speech()  # all of it in: the utterance's driving is complete now
+    u = s._current
+    assert u.closed and u.total_frames == 48 and u.ready_frames() >= 48  # 1.6 s at 30 fps, each with motion
+    video, audio = {}, {}
+    t = 0.1
+    while s._current is None or s._current.start_frame is None:
+        assert t < 3.0, "the speech never went on air"
+        t += 0.1
+        v, a = _collect(s, ts, t)
+        video.update(v), audio.update(a)
+    f0 = s._current.start_frame
+    v, a = _collect(s, ts, (f0 + 3) / fps + 1e-6)
+    video.update(v), audio.update(a)
+    keys = sorted(audio)
+    out = np.concatenate([audio[k] for k in keys])
+    first = keys[0] + int(np.flatnonzero(np.abs(out) > 1e-4)[0])
+    assert frame_sample(f0, SR, Fraction(fps)) <= first < frame_sample(f0 + 1, SR, Fraction(fps))
+    assert len([k for k in video if k >= f0 and not torch.equal(video[k], ref)]) >= 3
+    s.close()

@@ -253,7 +253,7 @@ class Utterance:
         self.src_rate = int(sample_rate)
         self.streamed = streamed
         self.conditioner = eng.conditioner(float(session.fps))
-        self.driver = eng.driver(session.layer)
+        self.driver = eng.driver(session.layer, float(session.fps))
         self._to_model = None if self.src_rate == eng.sample_rate else soxr.ResampleStream(self.src_rate, eng.sample_rate, 1, dtype="float32", quality="HQ")
         self._to_out = None if self.src_rate == session.out_rate else soxr.ResampleStream(self.src_rate, session.out_rate, 1, dtype="float32", quality="HQ")
         self.out = _Pcm()

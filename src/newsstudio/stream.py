@@ -74,7 +74,7 @@ class StreamSession:
         self.background = background
         self.fps = fps
         self.conditioner = engine.conditioner(float(fps))
-        self.driver = engine.driver(layer)
+        self.driver = engine.driver(layer, float(fps))
         self.banner = random_weights_banner(layer.packet.size, layer.device) if engine.random_weights else None
 
     def pump(self) -> None:

@@ -142,8 +142,9 @@ class Engine(ABC):
     def conditioner(self, fps: float) -> FrameQueue:
         """A fresh stage-1 object: PCM at `sample_rate` in, per-frame conditioning out."""
 
-    def driver(self, layer: AvatarLayer) -> FrameQueue:
-        """A fresh stage-2 object; identity unless the engine synthesises motion."""
+    def driver(self, layer: AvatarLayer, fps: float | None = None) -> FrameQueue:
+        """A fresh stage-2 object; identity unless the engine synthesises motion. ``fps``: the
+        output rate the stream's conditioner was made for (None: the engine's own)."""
         return PassThroughDriver()
 
     @abstractmethod

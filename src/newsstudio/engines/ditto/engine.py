@@ -2,16 +2,17 @@
 
 Stages (engines/base.py), all on the engine's device:
 
-1. ``conditioner(fps)`` (25 fps only, Ditto's training rate): the reference's online HuBERT
+1. ``conditioner(fps)`` (always 25 fps rows, Ditto's training rate): the reference's online HuBERT
    windowing (``wav2feat.StreamingWav2Feat``: 6480-sample windows every 5 frames, 3 frames of
-   left context and 2 of look-ahead) -> one 1024-d row per video frame. The stream is cut to
+   left context and 2 of look-ahead) -> one 1024-d row per 25 fps frame. The stream is cut to
    ceil(samples / 640) rows at ``close``.
 2. ``driver(layer)`` (:class:`DittoDriver`): per frame the 1103-d condition
    [audio 1024 | emotion 8 | eye open 2 | eye ball 6 | source kp 63] (``ConditionHandler``),
    then ``lmdm.MotionWindowStream`` (80-frame windows, DDIM with batched classifier-free
    guidance, cross-fade over ``overlap_v2`` frames, moving-average smoothing) which hands out
    motion rows as soon as no later window can change them. Driving = ``(B, 531)`` rows
-   [motion 265 | the stream's relative-driving reference d0 265 | blink index].
+   [motion 265 | the stream's relative-driving reference d0 265 | blink index]. At an output
+   rate other than 25 fps (``driver(layer, fps)``) the rows are resampled to it (resample.py).
 3. ``render``: motion stitching (``MotionStitcher``: relative driving on the source keypoints of
    the frame actually shown, lip/eye rows, stitching MLP; done here and not in the driver because
    a live session may start an utterance anywhere on a video loop), then
@@ -80,6 +81,7 @@ from .motion_stitch import (
     transform_info,
 )
 from .registration import INFO_KEYS, expected_meta, prebake_ditto, prebake_mismatch
+from .resample import MotionResampler, check_fps
 from .stride import StrideRenderer
 from .wav2feat import SAMPLES_PER_FRAME, StreamingWav2Feat, split_len, wav2feat_offline
 from .weights import DittoModels, build_random, load_official
@@ -485,9 +487,8 @@ class DittoEngine(Engine):
 
     # -- stages -----------------------------------------------------------------------------------
     def conditioner(self, fps: float) -> FrameQueue:
-        if abs(float(fps) - FPS) > 1e-9:
-            raise ValueError(f"Ditto generates motion at {FPS} fps only (its LMDM was trained at 25 fps); got fps={fps:g}. "
-                             "Render at 25 fps and resample the video afterwards if another rate is needed.")
+        """HuBERT rows at 25 fps whatever the output rate (the driver resamples the motion)."""
+        check_fps(fps)
         return DittoConditioner(self.audio_encoder, self.device, tuple(self.config.chunksize), HUBERT_BATCH)
 
     def audio_encoder(self, windows: torch.Tensor) -> torch.Tensor:
@@ -498,8 +499,11 @@ class DittoEngine(Engine):
         windows = to_device(windows, self.device, torch.float32)
         return self.audio_batcher(windows) if self.audio_batcher is not None else self._hubert_runner(windows)
 
-    def driver(self, layer: AvatarLayer) -> FrameQueue:
-        drv = DittoDriver(self, layer)
+    def driver(self, layer: AvatarLayer, fps: float | None = None) -> FrameQueue:
+        """Driving rows at ``fps`` (default 25, the LMDM's rate; others: resample.py)."""
+        drv: FrameQueue = DittoDriver(self, layer)
+        if fps is not None and check_fps(fps) != FPS:
+            drv = MotionResampler(drv, FPS, fps, MOTION_DIM)
         return drv if self._strider is None else self._strider.driver(drv, layer)
 
     def silence_features(self, n: int) -> torch.Tensor:
