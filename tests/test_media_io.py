@@ -28,7 +28,7 @@ from newsstudio.media.errors import (
     NoVideoStreamError,
 )
 from newsstudio.media.image import is_image_path, read_image
-from newsstudio.media.mp4_writer import Mp4Writer, as_frame_rate, encode_clip
+from newsstudio.media.mp4_writer import Mp4Writer, _rgb_frame_to_nv12, as_frame_rate, encode_clip
 from newsstudio.media.video import iter_video_frames, probe_video
 
 
@@ -658,3 +658,24 @@ def test_owned_frames_are_kept_without_a_copy_and_encode_the_same(tmp_path):
         outs[owned] = [f.copy() for f in iter_video_frames(path)]
     assert len(outs[True]) == n and all(np.array_equal(a, b) for a, b in zip(outs[True], outs[False]))
     assert outs[True][0].shape == (h, w, 3)
+
+
+@pytest.mark.parametrize("pixel_input", ["nv12", "rgb"])
+def test_frames_are_read_in_place_and_the_caller_may_reuse_its_buffer_after_write(tmp_path, pixel_input):
+    """The encoder reads the caller's array without copying it first (x264 copies its input when
+    the frame is sent): once write() returns, overwriting the buffer changes nothing in the file."""
+    n, w, h = 12, 64, 48
+    g = np.random.default_rng(5)
+    frames = g.integers(0, 255, (n, h, w, 3), dtype=np.uint8)
+    nv12 = rgb_to_nv12(torch.from_numpy(frames)).numpy()
+    src = nv12 if pixel_input == "nv12" else frames
+    path = tmp_path / "reuse.mp4"
+    with Mp4Writer(path, w, h, 25, pixel_input=pixel_input, crf=0) as wr:  # lossless, one encoder
+        buf = np.empty_like(src[:2])
+        for s in range(0, n, 2):
+            buf[:] = src[s:s + 2]
+            wr.write(buf)
+            buf[:] = 255 - buf  # the caller's next use of its buffer
+    planes = [f.reformat(format="nv12").to_ndarray() for f in decode_all(path)]
+    want = nv12 if pixel_input == "nv12" else [_rgb_frame_to_nv12(f.copy()).to_ndarray() for f in frames]  # swscale's rule
+    assert len(planes) == n and all(np.array_equal(a, b) for a, b in zip(planes, want))

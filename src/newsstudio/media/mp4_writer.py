@@ -87,15 +87,19 @@ _EXACT = Interpolation.AREA | Interpolation.ACCURATE_RND | Interpolation.FULL_CH
 
 
 def _rgb_frame_to_nv12(rgb: np.ndarray) -> av.VideoFrame:
-    """One RGB frame -> NV12 VideoFrame, BT.709 limited, 2x2-average chroma (our rule)."""
-    frame = av.VideoFrame.from_ndarray(rgb, format="rgb24")
+    """One RGB frame -> NV12 VideoFrame, BT.709 limited, 2x2-average chroma (our rule). swscale
+    reads the array in place (no 6 MB copy per 1080p frame first) and writes a new frame."""
+    frame = av.VideoFrame.from_numpy_buffer(rgb, format="rgb24")
     return frame.reformat(
         format="nv12", dst_colorspace=Colorspace.ITU709, dst_color_range=ColorRange.MPEG, interpolation=_EXACT
     )
 
 
 def _nv12_frame(nv12: np.ndarray) -> av.VideoFrame:
-    return av.VideoFrame.from_ndarray(nv12, format="nv12")
+    """A frame over the array's own memory: x264 copies its input picture when it is sent, so a
+    3 MB memcpy per 1080p frame (under the GIL, ~0.08 s per 6.6 s segment) is not made first.
+    The frame holds a reference to the array; callers hand over arrays they do not change."""
+    return av.VideoFrame.from_numpy_buffer(nv12, format="nv12")
 
 
 def _to_numpy_uint8(frames) -> np.ndarray:
