@@ -59,7 +59,7 @@ class ServerConfig:
     (eleventh session, benchmarks/RESULTS.md): 8 Ditto sessions were 8 of 8 on time with them in
     every level (chunk jitter p95 65-76 ms) and 2 of 8 (130 ms) in the one level without them that
     came first on its server; 8 MuseTalk sessions with render_ahead 8 sit at the edge either way
-    (0-8 of 8 with, 0 of 8 in the two levels without)."""
+    (0-8 of 8 with them, 0 of 8 in the two levels without; 8 of 8 without in earlier sessions)."""
     render_in_flight: int = 2
     """At most this many shared render batches on the GPU at once (engines/batching.py
     ``max_in_flight``; 0: no bound), so batches gather what arrives while the GPU works instead of

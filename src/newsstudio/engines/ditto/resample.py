@@ -22,6 +22,7 @@ change. At 25 fps the engine does not wrap its driver in this at all.
 from __future__ import annotations
 
 import math
+import numbers
 from fractions import Fraction
 
 import torch
@@ -65,9 +66,9 @@ def interpolate_driving_rows(a: torch.Tensor, b: torch.Tensor, w: torch.Tensor, 
 
 def check_fps(fps: float) -> Fraction:
     """The output rate as a Fraction, or a clear error."""
-    if not isinstance(fps, (int, float, Fraction)) or not math.isfinite(float(fps)) or not MIN_FPS <= float(fps) <= MAX_FPS:
+    if not isinstance(fps, numbers.Real) or not math.isfinite(float(fps)) or not MIN_FPS <= float(fps) <= MAX_FPS:
         raise ValueError(f"Ditto renders at {MIN_FPS}-{MAX_FPS} fps (motion generated at 25 fps and resampled); got fps={fps!r}")
-    return Fraction(fps).limit_denominator(1001)
+    return (fps if isinstance(fps, Fraction) else Fraction(float(fps))).limit_denominator(1001)
 
 
 class MotionResampler(FrameQueue):
