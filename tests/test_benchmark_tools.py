@@ -57,3 +57,25 @@ def test_the_load_test_sweeps_server_settings_on_one_running_server(tmp_path):
     assert "warm-up: 1 sessions for 1 s" in done.stderr
     (row,) = json.loads(out.read_text())
     assert row["errors"] == 0 and row["fps_median"] > 0 and row["sustained"] == 0, row
+
+
+def test_bucket_timing_times_the_render_runner_per_batch_size(tmp_path):
+    """benchmarks.bucket_timing (the live-vs-dense batch question): one row per size, each run in
+    the bucket a live batch of that size would use, with its time per call."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "buckets.json"
+    cmd = [sys.executable, "-m", "benchmarks.bucket_timing", "--engine", "musetalk", "--device", "cpu", "--quick",
+           "--sizes", "1,5", "--json", str(out)]
+    done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["frames"], r["bucket"]) for r in rows] == [(1, 4), (5, 8)]
+    assert all(r["wall_ms"] > 0 and r["fps"] == pytest.approx(r["frames"] * 1e3 / r["wall_ms"]) for r in rows)
+    assert "| 5 | 8 |" in done.stdout
+    bad = subprocess.run([sys.executable, "-m", "benchmarks.bucket_timing", "--sizes", "0"], cwd=Path(__file__).resolve().parents[1],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert bad.returncode != 0 and "--sizes" in bad.stderr
