@@ -64,7 +64,6 @@ from .common import machine
 
 DEFAULT_BATCH = {"unet": 16, "vae": 16, "ditto": 16, "lmdm": 32, "hubert": 8}
 ORDER = ("unet", "vae", "ditto", "lmdm", "hubert")
-HUBERT_WINDOW = 6480  # samples per Ditto HuBERT window (wav2feat)
 LMDM_STEPS = 4
 N_INPUT_SETS = 3
 
@@ -228,19 +227,22 @@ def lmdm_net(quick: bool) -> Net:
 def hubert_net(quick: bool) -> Net:
     """Ditto's audio encoder with seeded weights (the transformers HuBERT-large the engine runs
     under ``--weights random``), on its fixed 6480-sample windows: float32 GEMMs at small M."""
+    from newsstudio.engines.ditto.wav2feat import split_len
     from newsstudio.engines.ditto.weights import random_hubert
+
+    window = split_len()  # samples per encoder window at the default chunk sizes (6480)
 
     def build(device):
         return random_hubert(0, device=device, num_layers=2 if quick else None)
 
     def inputs(b, g, device):
-        return (_randn((b, HUBERT_WINDOW), g, device, 0.1),)
+        return (_randn((b, window), g, device, 0.1),)
 
     def make_fn(enc):
         return enc.forward
 
     keep = ("q_proj", "k_proj", "v_proj", "out_proj", "intermediate_dense", "output_dense")
-    return Net("hubert", f"Ditto HuBERT ({HUBERT_WINDOW}-sample windows)", 1, build, inputs, make_fn,
+    return Net("hubert", f"Ditto HuBERT ({window}-sample windows)", 1, build, inputs, make_fn,
                fp8_filter=lambda name, m: name.endswith(keep))
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import weakref
 from collections.abc import Iterator
 
 import torch
@@ -36,9 +37,16 @@ _taken: dict[int, set[int]] = {}  # device index -> capture streams (cuda_stream
 _taken_lock = threading.Lock()
 
 
-def _unique_capture_stream(device: torch.device) -> torch.cuda.Stream:
-    """A high-priority pool stream no other family captures on (the pool is handed out round
-    robin, so asking again gives the next one); shared, with a warning, once all are taken."""
+def _release(index: int, handle: int) -> None:
+    """A family is gone (with its graphs): its capture stream may serve another one."""
+    with _taken_lock:
+        _taken.get(index, set()).discard(handle)
+
+
+def _unique_capture_stream(device: torch.device) -> tuple[torch.cuda.Stream, bool]:
+    """(a high-priority pool stream no other family captures on, True) (the pool is handed out
+    round robin, so asking again gives the next one); once all are taken, (a shared one, False),
+    with a warning."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     high = torch.cuda.Stream.priority_range()[1]
     with _taken_lock:
@@ -47,10 +55,10 @@ def _unique_capture_stream(device: torch.device) -> torch.cuda.Stream:
             stream = torch.cuda.Stream(device=index, priority=high)
             if stream.cuda_stream not in taken:
                 taken.add(stream.cuda_stream)
-                return stream
+                return stream, True
     log.warning("more than %d CUDA graph families on cuda:%d: capture streams (and cuBLAS workspaces) are shared; "
                 "do not replay graphs of different families on different streams at once", _POOL_SIZE, index)
-    return stream
+    return stream, False
 
 
 class GraphFamily:
@@ -66,7 +74,9 @@ class GraphFamily:
         """The stream this family's graphs are captured on (made on first use)."""
         with self._stream_lock:
             if self._stream is None:
-                self._stream = _unique_capture_stream(device)
+                self._stream, unique = _unique_capture_stream(device)
+                if unique:  # free it for another family once this one (and its graphs) is gone
+                    weakref.finalize(self, _release, self._stream.device_index, self._stream.cuda_stream)
             return self._stream
 
     @contextlib.contextmanager
