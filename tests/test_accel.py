@@ -542,3 +542,27 @@ def test_graph_runner_called_from_two_streams_never_refills_inputs_under_a_runni
             torch.cuda.current_stream().wait_stream(s)
         for x, o in zip(xs, outs):
             torch.testing.assert_close(o, slow(x))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graph_family_capture_stream_is_freed_for_the_next_family_when_it_is_gone(caplog):
+    """A process that makes and drops many runners (benchmarks with several variants) keeps getting
+    capture streams (and cuBLAS workspaces) of its own: a dropped family's stream goes back to the pool."""
+    import gc
+
+    from newsstudio.accel import graph_family as gf
+
+    dev = torch.device("cuda")
+    kept = gf.GraphFamily()
+    kept_stream = kept.capture_stream(dev).cuda_stream
+    seen: set[int] = set()
+    with caplog.at_level(logging.WARNING, logger=gf.__name__):
+        for _ in range(3 * gf._POOL_SIZE):  # more families than the pool has streams
+            family = gf.GraphFamily()
+            handle = family.capture_stream(dev).cuda_stream
+            assert handle != kept_stream, "a live family's capture stream was handed out again"
+            seen.add(handle)
+            del family
+            gc.collect()
+    assert "are shared" not in caplog.text, "a dropped family's stream was never freed"
+    assert len(seen) > 1
