@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...accel.host_copy import tensor_on, to_device, to_host
+from ...accel.host_copy import tensor_on, to_device
 from ...accel.precision import to_channels_last_
 from ...accel.settings import resolve_accel
 from ...accel.static import BucketedRunner, render_buckets
@@ -531,9 +531,7 @@ class DittoEngine(Engine):
         with d["stitch_lock"]:
             st: MotionStitcher = d["stitcher"]
             st.d0 = motion_rows_to_info(rows[:, MOTION_DIM : 2 * MOTION_DIM]) if self.config.relative_d else None
-            if st.delta_eye_arr is not None and st.drive_eye:
-                st.blink_idx = [int(v) for v in to_host(rows[:, 2 * MOTION_DIM].round()).tolist()]
-                st.idx = 0
+            st.blink_rows = rows[:, 2 * MOTION_DIM].round() if st.delta_eye_arr is not None and st.drive_eye else None
             res = st(x_s_info, motion_rows_to_info(rows[:, :MOTION_DIM]))
         keep = idle[:, None, None]
         return torch.where(keep, x_src, res.x_s.expand_as(x_src)), torch.where(keep, x_src, res.x_d)

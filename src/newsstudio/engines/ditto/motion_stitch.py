@@ -236,6 +236,10 @@ class MotionStitcher:
         self.rng = rng
         self.N_d: int | None = None
         self.blink_idx: list[int] = [0]
+        self.blink_rows: Tensor | None = None
+        """When set: the blink index of each frame of the next call, on the device (a live render
+        carries it in its driving rows), used instead of the schedule; the result's ``blink_idx`` is
+        then empty. Reading it back to the host would wait for all the GPU work queued before it."""
         self.set_Nd(cfg.N_d)
         if cfg.flag_stitching and self.stitch_net is None:
             raise ValueError("flag_stitching needs a StitchingNetwork")
@@ -303,8 +307,12 @@ class MotionStitcher:
         blink: list[int] = []
         if self.drive_eye and self.delta_eye_arr is not None:
             a2 = _rows_mask(EYE_ROWS, dev, dt)
-            blink = [self.blink_idx[(self.idx + i) % len(self.blink_idx)] for i in range(n)]
-            delta = self.delta_eye_arr.to(dev, dt).reshape(-1, 63)[tensor_on(blink, dev)]
+            table = self.delta_eye_arr.to(dev, dt).reshape(-1, 63)
+            if self.blink_rows is not None:  # per-frame indices already on the device: no host round trip
+                delta = table.index_select(0, self.blink_rows.to(dev).long().clamp(0, table.shape[0] - 1))
+            else:
+                blink = [self.blink_idx[(self.idx + i) % len(self.blink_idx)] for i in range(n)]
+                delta = table[tensor_on(blink, dev)]
             return exp_d * (a1 * (1 - a2)) + exp_s * ((1 - a1) + a1 * a2) + delta * a2, blink
         if self.drive_eye:
             a1 = torch.maximum(a1, _rows_mask(EYE_ROWS, dev, dt))
