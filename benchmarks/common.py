@@ -124,10 +124,12 @@ def machine() -> dict[str, Any]:
     info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count()}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
-    try:
-        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or None
-    except OSError:
-        info["commit"] = None
+    info["commit"] = os.environ.get("NEWSSTUDIO_COMMIT")  # a copy of the tree without its own git history says it
+    if not info["commit"]:
+        try:
+            info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip() or None
+        except OSError:
+            info["commit"] = None
     info["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return info
 

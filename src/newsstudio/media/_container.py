@@ -19,6 +19,10 @@ import av.stream
 
 from .errors import MediaDecodeError, MediaNotFoundError
 
+# PyAV < 19 decodes container metadata strictly unless told otherwise (a file with a mis-encoded
+# title would not open); PyAV 19 dropped the keyword, and ``av.open`` refuses it there.
+_METADATA_ERRORS = {"metadata_errors": "replace"} if int(av.__version__.split(".")[0]) < 19 else {}
+
 MediaSource = Union[str, os.PathLike, bytes, bytearray, memoryview, BinaryIO]
 
 
@@ -55,7 +59,7 @@ def open_input(source: MediaSource) -> Iterator[av.container.InputContainer]:
         raise TypeError(f"expected a path, bytes or a binary file object, got {type(source).__name__}")
     options = {"probesize": "32", "analyzeduration": "0"} if is_wav(source) else None
     try:
-        container = av.open(target, mode="r", metadata_errors="replace", options=options)
+        container = av.open(target, mode="r", options=options, **_METADATA_ERRORS)
     except av.FFmpegError as exc:
         raise MediaDecodeError(
             source, f"cannot be opened as audio/video ({ffmpeg_reason(exc)}): corrupt, truncated, "
