@@ -7,6 +7,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -204,19 +205,27 @@ def mp4_options(spec: str) -> dict[str, Any]:
 
 def segment_mp4_figures(engine, packet, audio, fps: int, chunk: int, out_path: Path, specs: str, repeat: int) -> dict[str, Any]:
     """The segment streamed straight into an MP4 with audio on disk, timed per x264 config in `specs`
-    (comma-separated `mp4_options` specs; median of `repeat` runs each). The first config is the
-    headline `segment_mp4_s`."""
+    (comma-separated `mp4_options` specs, each optionally ``@MS``: Python's GIL switch interval in ms
+    during that run, to see whether the render thread waits for the GIL behind the encoder threads;
+    median of `repeat` runs each). The first config is the headline `segment_mp4_s`."""
     from newsstudio.media.mp4_writer import Mp4Writer
     from newsstudio.stream import stream_generator
 
     w, h = packet.size
 
     def to_mp4(spec: str) -> float:
-        t0 = time.perf_counter()
-        with Mp4Writer(out_path, w, h, fps, audio=audio, pixel_input="nv12", **mp4_options(spec)) as wr:
-            for ch in stream_generator(engine, packet, audio, fps=fps, chunk_frames=chunk, output="nv12"):
-                wr.write(ch["frames"], owned=True)  # fresh per chunk
-        return time.perf_counter() - t0
+        spec, _, switch_ms = spec.partition("@")
+        before = sys.getswitchinterval()
+        if switch_ms:
+            sys.setswitchinterval(float(switch_ms) / 1e3)
+        try:
+            t0 = time.perf_counter()
+            with Mp4Writer(out_path, w, h, fps, audio=audio, pixel_input="nv12", **mp4_options(spec)) as wr:
+                for ch in stream_generator(engine, packet, audio, fps=fps, chunk_frames=chunk, output="nv12"):
+                    wr.write(ch["frames"], owned=True)  # fresh per chunk
+            return time.perf_counter() - t0
+        finally:
+            sys.setswitchinterval(before)
 
     by = {spec: median([to_mp4(spec) for _ in range(max(1, repeat))]) for spec in specs.split(",")}
     first = next(iter(by))
