@@ -73,12 +73,12 @@ def start_server(args) -> tuple[str, object, object, object]:
     return f"http://127.0.0.1:{sock.getsockname()[1]}", server, cfg, app.state.ns
 
 
-def on_off_list(spec: str | None) -> list[bool]:
+def on_off_list(spec: str | None, flag: str = "--front-end-streams") -> list[bool]:
     """``--front-end-streams``: absent -> [], "on" -> [True], "off,on" -> [False, True]."""
     words = spec.split(",") if spec else []
     bad = [w for w in words if w not in ("on", "off")]
     if bad:
-        raise SystemExit(f"--front-end-streams takes on, off or a comma-separated list of them, got {bad[0]!r}")
+        raise SystemExit(f"{flag} takes on, off or a comma-separated list of them, got {bad[0]!r}")
     return [w == "on" for w in words]
 
 
@@ -92,14 +92,17 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
     front_end = args.front_end_streams if len(args.front_end_streams) > 1 and cfg is not None else [None]
     base_prebuffer = getattr(cfg, "prebuffer_s", 0.0)
     out = []
-    for si, lead, ahead, in_flight, own in itertools.product(
-            values(args.switch_intervals, float, local=False), values(args.render_leads, float),
+    on_clock = args.send_on_clock if cfg is not None and args.send_on_clock else [None]
+    for si, lead, paced, ahead, in_flight, own in itertools.product(
+            values(args.switch_intervals, float, local=False), values(args.render_leads, float), on_clock,
             values(args.render_aheads, int), values(args.render_in_flight, int), front_end):
-        def apply(si=si, lead=lead, ahead=ahead, in_flight=in_flight, own=own) -> None:
+        def apply(si=si, lead=lead, paced=paced, ahead=ahead, in_flight=in_flight, own=own) -> None:
             if si is not None:
                 sys.setswitchinterval(si)  # the server's GIL hand-off (it runs in this process)
             if lead is not None:
                 cfg.render_lead_s = lead  # read by each new session (prebuffer) and its WebSocket pump
+            if paced is not None:
+                cfg.send_on_clock = paced  # read by each new WebSocket session
             if ahead is not None:  # read by each new session; a request renders only frames whose speech is in
                 cfg.render_ahead = ahead
                 cfg.prebuffer_s = max(base_prebuffer, ahead / args.fps)
@@ -113,6 +116,7 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
         label = ", ".join(part for part in (
             f"switch interval {(si if si is not None else sys.getswitchinterval()) * 1e3:g} ms",
             None if lead is None else f"render lead {lead * 1e3:g} ms",
+            None if paced is None else f"sent {'on the clock' if paced else 'when ready'}",
             None if ahead is None else f"render ahead {ahead} frames",
             None if in_flight is None else f"render batches in flight {in_flight or 'unbounded'}",
             None if own is None else f"front-end streams {'on' if own else 'off'}") if part)
@@ -379,6 +383,9 @@ def main() -> None:
                          "server's, on; server started here)")
     ap.add_argument("--render-leads", default=None,
                     help="comma-separated ServerConfig.render_lead_s values (s): each level runs under each (server started here)")
+    ap.add_argument("--send-on-clock", default=None,
+                    help="ServerConfig.send_on_clock (with a render lead, chunks held until due): on, off or "
+                         "comma-separated on/off values: each level runs under each (server started here)")
     ap.add_argument("--render-aheads", default=None,
                     help="comma-separated ServerConfig.render_ahead values (frames a session renders per request; "
                          "larger means larger shared GPU batches): each level runs under each (server started here); "
@@ -395,6 +402,7 @@ def main() -> None:
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args()
     args.front_end_streams = on_off_list(args.front_end_streams)  # checked before a server starts
+    args.send_on_clock = on_off_list(args.send_on_clock, "--send-on-clock")
     t0 = time.monotonic()
     args.sessions = [int(x) for x in args.sessions.split(",") if x]
     pcm, sr = load_speech(args.speech)
@@ -405,7 +413,7 @@ def main() -> None:
     health = httpx.get(url + "/health", timeout=30).json()
     print(f"server {url} ready after {time.monotonic() - t0:.0f} s: device {health['device']}, default engine "
           f"{health['default_engine']}; {args.format} chunks of {args.chunk_frames} frames, {args.duration:.0f} s per level", file=sys.stderr)
-    cols = [("sessions", "d"), ("switch_interval_ms", "g"), ("render_lead_ms", "g"), ("render_ahead", "d"), ("prebuffer_ms", "g"), ("render_in_flight", "d"), ("front_end_streams", "d"), ("sustained", "d"), ("errors", "d"), ("fps_min", ".1f"), ("fps_median", ".1f"), ("jitter_p95_ms", ".1f"), ("late_p50_ms", ".1f"),
+    cols = [("sessions", "d"), ("switch_interval_ms", "g"), ("render_lead_ms", "g"), ("send_on_clock", "d"), ("render_ahead", "d"), ("prebuffer_ms", "g"), ("render_in_flight", "d"), ("front_end_streams", "d"), ("sustained", "d"), ("errors", "d"), ("fps_min", ".1f"), ("fps_median", ".1f"), ("jitter_p95_ms", ".1f"), ("late_p50_ms", ".1f"),
             ("late_p95_ms", ".1f"), ("late_max_ms", ".1f"), ("server_fps", ".1f"), ("loop_lag_p95_ms", ".1f"), ("loop_lag_max_ms", ".0f"), ("speaking_share", ".2f"), ("rss_before_mb", ".0f"),
             ("rss_peak_mb", ".0f"), ("rss_after_mb", ".0f"), ("gpu_before_mb", ".0f"), ("gpu_peak_mb", ".0f"), ("gpu_after_mb", ".0f"),
             ("batch_frames_mean", ".1f"), ("render_wait_ms_mean", ".1f"), ("render_busy_share", ".2f"), ("audio_busy_share", ".2f"),
@@ -426,6 +434,7 @@ def main() -> None:
         print(f"[{time.monotonic() - t0:.0f} s] level of {n} sessions starts ({label})", file=sys.stderr, flush=True)
         rows.append({**asyncio.run(run_level(url, n, args, pcm, sr)), "switch_interval_ms": sys.getswitchinterval() * 1e3,
                      "render_lead_ms": getattr(server_cfg, "render_lead_s", 0.0) * 1e3,
+                     "send_on_clock": bool(getattr(server_cfg, "send_on_clock", False)),
                      "render_ahead": getattr(server_cfg, "render_ahead", 0),  # 0: a server elsewhere (unknown)
                      "prebuffer_ms": getattr(server_cfg, "prebuffer_s", 0.0) * 1e3,
                      "render_in_flight": getattr(server_cfg, "render_in_flight", 0),

@@ -452,6 +452,42 @@ def test_ws_session_round_trip_h264(server):
     asyncio.run(_ws_round_trip(server, "h264"))
 
 
+def test_ws_chunks_rendered_ahead_go_out_when_due(data_dir):
+    """With a render lead, finished chunks are held and each is sent when its first frame is due on
+    the session's media clock: never early, and promptly (one render of render_ahead frames makes
+    several chunks at once; sent as soon as ready, the first of them waited for the render and the
+    rest went at once, a spread a client's playout buffer must absorb). send_on_clock=False keeps
+    the old behaviour: chunks arrive about a render lead before they are due."""
+    from websockets.asyncio.client import connect
+
+    cfg = ServerConfig(engine="classic", device="cpu", avatars=data_dir / "avatars", clips=data_dir / "clips_lead",
+                       max_sessions=2, render_lead_s=0.3, render_ahead=8, prebuffer_s=0.32)
+    app = create_app(cfg)
+
+    async def early_by(srv, on_clock: bool) -> np.ndarray:
+        cfg.send_on_clock = on_clock  # read by each new session
+        async with connect(f"{srv.ws_url}/ws", max_size=None) as ws:
+            await ws.send(json.dumps({"type": "start", "avatar": "astro", "engine": "classic", "chunk_frames": 2}))
+            started = json.loads(await ws.recv())
+            session = app.state.ns.sessions.get(started["session"])
+            early = []
+            while len(early) < 24:
+                msg = await asyncio.wait_for(ws.recv(), 10)
+                now = session.clock.now()  # the server's media clock, read in this process
+                if isinstance(msg, bytes):
+                    (n,) = struct.unpack(">I", msg[:4])
+                    early.append(json.loads(msg[4 : 4 + n])["pts"][0] - now)
+            await ws.send(json.dumps({"type": "close"}))
+        return np.array(early[4:])  # past the first render's start-up
+
+    with ServerThread(app) as srv:
+        paced = asyncio.run(early_by(srv, True))
+        ready = asyncio.run(early_by(srv, False))
+    assert paced.max() <= 0.0, paced  # no chunk before its time
+    assert np.median(-paced) < 0.1, paced  # and each one promptly then
+    assert np.median(ready) > 0.15, ready  # sent when ready: a render lead early
+
+
 async def _ws_expect_close(server, first, code, words=(), then=None):
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed

@@ -19,7 +19,8 @@
         sample_rate, plus format, width, height, frame_bytes (size of each frame's bytes:
         raw NV12 (H*3/2 x W) or one H.264 Annex-B access unit), audio_format ("f32le"),
         channels (1), audio_samples, state. Chunk k is rendered when its first frame is due on
-        the session's media clock (less the server's render_lead_s) and sent when ready.
+        the session's media clock (less the server's render_lead_s) and sent when ready, or with
+        a render lead (and send_on_clock, the default) when its first frame is due.
   text  {"type": "error", "message"} before a close with a reason
 
 A client that stops reading: chunks wait in a bounded queue (ws_send_queue chunks). When it
@@ -145,6 +146,9 @@ class WsSession:
         self.state = state
         self.session: LiveSession | None = None
         self.queue: asyncio.Queue[tuple[bool, bytes | bytearray]] | None = None  # (is_text, payload)
+        # (due media time, is_text, payload) waiting for their time when chunks are sent on the clock
+        self.held: asyncio.Queue[tuple[float, bool, bytes | bytearray]] = asyncio.Queue()
+        self.on_clock = state.cfg.send_on_clock and state.cfg.render_lead_s > 0  # fixed for the session
         self.opts: dict[str, Any] = {}
         self.dropped = 0
         self.closing: tuple[int, str] | None = None
@@ -172,6 +176,8 @@ class WsSession:
                 "chunk_frames": self.opts["chunk_frames"], "engine": s.engine_name, "avatar": s.avatar_id,
             }))
             tasks = [asyncio.ensure_future(self._pump()), asyncio.ensure_future(self._send()), asyncio.ensure_future(self._receive())]
+            if self.on_clock:
+                tasks.append(asyncio.ensure_future(self._release()))
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
                 exc = t.exception()
@@ -286,8 +292,25 @@ class WsSession:
                 raise _Protocol(CLOSE_POLICY, f"unknown message type {kind!r}")
 
     async def _text(self, obj: dict) -> None:
-        # control replies go through the same bounded queue, in order with the chunks
-        await self._enqueue(json.dumps(obj).encode(), text=True)
+        # control replies go through the same queues as the chunks, in order with them
+        await self._out(json.dumps(obj).encode(), text=True)
+
+    async def _out(self, payload: bytes | bytearray, text: bool = False, due: float = 0.0) -> None:
+        """Send `payload` (in order with everything before it) once media time `due` has come,
+        when chunks go out on the clock; else as soon as possible."""
+        if self.on_clock:
+            self.held.put_nowait((due, text, payload))  # as many as the render lead covers
+        else:
+            await self._enqueue(payload, text)
+
+    async def _release(self) -> None:
+        """Move held chunks to the send queue when they are due."""
+        clock = self.session.clock if self.session is not None else None
+        assert clock is not None
+        while True:
+            due, text, payload = await self.held.get()
+            await clock.sleep_until(due)
+            await self._enqueue(payload, text)
 
     async def _enqueue(self, payload: bytes | bytearray, text: bool = False) -> None:
         q = self.queue
@@ -323,7 +346,7 @@ class WsSession:
                 if clock.video_time(k) < now - LATE_S:  # stalled, overloaded, or the clock jumped: skip ahead, stay live
                     k = clock.next_frame(now)
                 message = await loop.run_in_executor(self.state.render_pool, self._chunk_message, k, n, idx, h264)
-                await self._enqueue(message)
+                await self._out(message, due=clock.video_time(k))
                 self.state.metrics.add_frames(n)
                 k += n
                 idx += 1
