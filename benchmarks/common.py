@@ -213,23 +213,32 @@ def segment_mp4_figures(engine, packet, audio, fps: int, chunk: int, out_path: P
 
     w, h = packet.size
 
-    def to_mp4(spec: str) -> float:
+    def to_mp4(spec: str) -> tuple[float, float, float]:
+        """(total s, first chunk in hand s, last chunk in hand s): the part after the last chunk is
+        the encoder's tail, the span of the chunks is the render under the encoders' load."""
         spec, _, switch_ms = spec.partition("@")
         before = sys.getswitchinterval()
         if switch_ms:
             sys.setswitchinterval(float(switch_ms) / 1e3)
         try:
             t0 = time.perf_counter()
+            first = last = 0.0
             with Mp4Writer(out_path, w, h, fps, audio=audio, pixel_input="nv12", **mp4_options(spec)) as wr:
                 for ch in stream_generator(engine, packet, audio, fps=fps, chunk_frames=chunk, output="nv12"):
+                    last = time.perf_counter() - t0
+                    first = first or last
                     wr.write(ch["frames"], owned=True)  # fresh per chunk
-            return time.perf_counter() - t0
+            return time.perf_counter() - t0, first, last
         finally:
             sys.setswitchinterval(before)
 
-    by = {spec: median([to_mp4(spec) for _ in range(max(1, repeat))]) for spec in specs.split(",")}
+    runs = {spec: [to_mp4(spec) for _ in range(max(1, repeat))] for spec in specs.split(",")}
+    by = {spec: median([r[0] for r in rs]) for spec, rs in runs.items()}
+    phases = {spec: {"first_chunk_s": median([r[1] for r in rs]), "last_chunk_s": median([r[2] for r in rs])}
+              for spec, rs in runs.items()}
     first = next(iter(by))
-    return {"segment_mp4_s": by[first], "segment_mp4_config": first, "segment_mp4_s_by_config": by}
+    return {"segment_mp4_s": by[first], "segment_mp4_config": first, "segment_mp4_s_by_config": by,
+            "segment_mp4_phases_by_config": phases}
 
 
 def stream_rows(row: Callable[..., None], o: dict[str, Any]) -> None:
@@ -239,5 +248,8 @@ def stream_rows(row: Callable[..., None], o: dict[str, Any]) -> None:
     if lv:
         row(f"live time to first frame, ms (speech arriving in {lv['piece_ms']:.0f} ms pieces)",
             f"{lv['ms']:.0f} = {lv['audio_ms']:.0f} of speech needed + {lv['compute_ms']:.1f} after it")
+    phases = o.get("segment_mp4_phases_by_config", {})
     for spec, sec_s in o.get("segment_mp4_s_by_config", {o.get("segment_mp4_config", "-"): o["segment_mp4_s"]}).items():
-        row(f"segment -> MP4 with audio, s (x264 {spec})", f"{sec_s:.2f}")
+        p = phases.get(spec)
+        at = f" (chunks in hand {p['first_chunk_s']:.2f}-{p['last_chunk_s']:.2f} s)" if p else ""
+        row(f"segment -> MP4 with audio, s (x264 {spec})", f"{sec_s:.2f}{at}")
