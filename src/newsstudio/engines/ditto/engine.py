@@ -361,7 +361,7 @@ class DittoEngine(Engine):
         self.config = load_config(self.models_dir, **opts)
         if self.random_weights:
             warn_random_weights("Ditto", self.salt)
-        acc = resolve_accel(device, accel, compile, channels_last, cudnn_benchmark)
+        acc = resolve_accel(device, accel, compile, channels_last, cudnn_benchmark, dtype)
         self.accel, self.channels_last, self.cudnn_benchmark = acc.mode, acc.channels_last, acc.cudnn_benchmark
         self.front_end_accel = acc.front_end_mode  # HuBERT and the LMDM sampler (CUDA graphs on CUDA)
         self.front_end_tf32 = bool(front_end_tf32)

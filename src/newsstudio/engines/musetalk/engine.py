@@ -279,7 +279,7 @@ class MuseTalkEngine(Engine):
             raise ValueError("unet_config/vae_config (test architectures) need weights='random'")
         if self.random_weights:
             warn_random_weights("MuseTalk", self.salt)
-        acc = resolve_accel(device, accel, compile, channels_last, cudnn_benchmark)
+        acc = resolve_accel(device, accel, compile, channels_last, cudnn_benchmark, dtype)
         self.accel, self.channels_last, self.cudnn_benchmark = acc.mode, acc.channels_last, acc.cudnn_benchmark
         self.front_end_accel = acc.front_end_mode
         self.models = get_models(weights, None if self.random_weights else self.models_dir, version,
