@@ -74,7 +74,8 @@ def start_server(args) -> tuple[str, object, object, object]:
 
 
 def on_off_list(spec: str | None, flag: str = "--front-end-streams") -> list[bool]:
-    """``--front-end-streams``: absent -> [], "on" -> [True], "off,on" -> [False, True]."""
+    """An on/off flag (``--front-end-streams``, ``--send-on-clock``): absent -> [], "on" -> [True],
+    "off,on" -> [False, True]; `flag` names it in the error."""
     words = spec.split(",") if spec else []
     bad = [w for w in words if w not in ("on", "off")]
     if bad:

@@ -305,11 +305,11 @@ class WsSession:
 
     async def _release(self) -> None:
         """Move held chunks to the send queue when they are due."""
-        clock = self.session.clock if self.session is not None else None
-        assert clock is not None
+        s = self.session
+        assert s is not None
         while True:
             due, text, payload = await self.held.get()
-            await clock.sleep_until(due)
+            await s.clock.sleep_until(due)
             await self._enqueue(payload, text)
 
     async def _enqueue(self, payload: bytes | bytearray, text: bool = False) -> None:
