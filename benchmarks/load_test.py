@@ -329,6 +329,8 @@ async def run_level(url: str, n: int, args, pcm, sr) -> dict:
 
     batching = {
         "batch_frames_mean": d["frames"] / d["batches"] if d.get("batches") else 0.0,
+        "requests_per_batch": d["requests"] / d["batches"] if d.get("batches") else 0.0,
+        "request_frames_mean": d["frames"] / d["requests"] if d.get("requests") else 0.0,
         "render_wait_ms_mean": 1e3 * d["wait_s_total"] / d["requests"] if d.get("requests") else 0.0,
         "render_busy_share": d["busy_s_total"] / args.duration if d else 0.0,
         "audio_busy_share": audio["busy_s_total"] / args.duration if audio else 0.0,
@@ -432,7 +434,7 @@ def main() -> None:
     cols = [("sessions", "d"), ("switch_interval_ms", "g"), ("render_lead_ms", "g"), ("send_on_clock", "d"), ("render_ahead", "d"), ("prebuffer_ms", "g"), ("render_in_flight", "d"), ("front_end_streams", "d"), ("phase_slots", "d"), ("render_window_ms", "g"), ("sustained", "d"), ("errors", "d"), ("fps_min", ".1f"), ("fps_median", ".1f"), ("jitter_p95_ms", ".1f"), ("late_p50_ms", ".1f"),
             ("late_p95_ms", ".1f"), ("late_max_ms", ".1f"), ("server_fps", ".1f"), ("loop_lag_p95_ms", ".1f"), ("loop_lag_max_ms", ".0f"), ("speaking_share", ".2f"), ("rss_before_mb", ".0f"),
             ("rss_peak_mb", ".0f"), ("rss_after_mb", ".0f"), ("gpu_before_mb", ".0f"), ("gpu_peak_mb", ".0f"), ("gpu_after_mb", ".0f"),
-            ("batch_frames_mean", ".1f"), ("render_wait_ms_mean", ".1f"), ("render_busy_share", ".2f"), ("audio_busy_share", ".2f"),
+            ("batch_frames_mean", ".1f"), ("requests_per_batch", ".2f"), ("request_frames_mean", ".1f"), ("render_wait_ms_mean", ".1f"), ("render_busy_share", ".2f"), ("audio_busy_share", ".2f"),
             ("audio_rows_per_call", ".1f"), ("motion_busy_share", ".2f"),
             ("session_render_call_ms", ".1f"), ("session_copy_out_ms", ".1f")]
     print(" | ".join(name for name, _ in cols), flush=True)
