@@ -58,6 +58,8 @@ def start_server(args) -> tuple[str, object, object, object]:
     # landmarks carried as .carry/astronaut.faces.npz where no detector can be installed (GPU machines)
     avatar(d / "astronaut.png", args.avatar, (args.size, args.size), d / "avatars")
     defaults = {"front_end_streams": args.front_end_streams[0]} if args.front_end_streams else {}
+    if args.prebuffer_ms is not None:  # the base; --render-aheads raise it to cover a request's frames
+        defaults["prebuffer_s"] = args.prebuffer_ms / 1e3
     if args.front_end_tf32 is not None:  # absent: the server's default for both
         defaults["front_end_tf32"] = args.front_end_tf32
     cfg = ServerConfig(engine=args.engine, device=args.device, avatars=d / "avatars", clips=d / "clips",
@@ -405,6 +407,9 @@ def main() -> None:
     ap.add_argument("--render-in-flight", default=None,
                     help="comma-separated ServerConfig.render_in_flight values (shared render batches on the GPU at "
                          "once; 0: no bound): each level runs under each (server started here)")
+    ap.add_argument("--prebuffer-ms", type=float, default=None,
+                    help="ServerConfig.prebuffer_s (the speech a session holds before going on air, ms; "
+                         "--render-aheads raise it to at least their frames' time; server started here)")
     ap.add_argument("--phase-slots", default=None,
                     help="comma-separated ServerConfig.phase_slots values (0: off): sessions' clocks start on a "
                          "shared grid so their render requests share batches (server started here)")
