@@ -96,12 +96,10 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
     base_prebuffer = getattr(cfg, "prebuffer_s", 0.0)
     out = []
     on_clock = args.send_on_clock if cfg is not None and args.send_on_clock else [None]
-    for si, lead, paced, ahead, in_flight, own, slots, window in itertools.product(
+    for si, lead, paced, ahead, in_flight, own in itertools.product(
             values(args.switch_intervals, float, local=False), values(args.render_leads, float), on_clock,
-            values(args.render_aheads, int), values(args.render_in_flight, int), front_end,
-            values(args.phase_slots, int), values(args.render_windows_ms, float)):
-        def apply(si=si, lead=lead, paced=paced, ahead=ahead, in_flight=in_flight, own=own, slots=slots,
-                  window=window) -> None:
+            values(args.render_aheads, int), values(args.render_in_flight, int), front_end):
+        def apply(si=si, lead=lead, paced=paced, ahead=ahead, in_flight=in_flight, own=own) -> None:
             if si is not None:
                 sys.setswitchinterval(si)  # the server's GIL hand-off (it runs in this process)
             if lead is not None:
@@ -117,11 +115,6 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
             if own is not None:
                 cfg.front_end_streams = own
                 state.engines.set_front_end_streams(own)
-            if slots is not None:
-                cfg.phase_slots = slots  # read by each new session
-            if window is not None:
-                cfg.render_window_s = window / 1e3
-                state.engines.set_render_window(window / 1e3)
 
         label = ", ".join(part for part in (
             f"switch interval {(si if si is not None else sys.getswitchinterval()) * 1e3:g} ms",
@@ -129,9 +122,7 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
             None if paced is None else f"sent {'on the clock' if paced else 'when ready'}",
             None if ahead is None else f"render ahead {ahead} frames",
             None if in_flight is None else f"render batches in flight {in_flight or 'unbounded'}",
-            None if own is None else f"front-end streams {'on' if own else 'off'}",
-            None if slots is None else f"phase slots {slots or 'off'}",
-            None if window is None else f"render window {window:g} ms") if part)
+            None if own is None else f"front-end streams {'on' if own else 'off'}") if part)
         out.append((label, apply))
     return out
 
@@ -410,12 +401,6 @@ def main() -> None:
     ap.add_argument("--prebuffer-ms", type=float, default=None,
                     help="ServerConfig.prebuffer_s (the speech a session holds before going on air, ms; "
                          "--render-aheads raise it to at least their frames' time; server started here)")
-    ap.add_argument("--phase-slots", default=None,
-                    help="comma-separated ServerConfig.phase_slots values (0: off): sessions' clocks start on a "
-                         "shared grid so their render requests share batches (server started here)")
-    ap.add_argument("--render-windows-ms", default=None,
-                    help="comma-separated ServerConfig.render_window_s values in ms: how long the render batcher "
-                         "waits for requests to join a batch (server started here)")
     ap.add_argument("--profile-s", type=float, default=0.0,
                     help="profile this many seconds in the middle of each level (server started here): GPU busy "
                          "share, kernels, and the CUDA runtime calls of every thread (gpu_timeline.py)")
@@ -436,7 +421,7 @@ def main() -> None:
     health = httpx.get(url + "/health", timeout=30).json()
     print(f"server {url} ready after {time.monotonic() - t0:.0f} s: device {health['device']}, default engine "
           f"{health['default_engine']}; {args.format} chunks of {args.chunk_frames} frames, {args.duration:.0f} s per level", file=sys.stderr)
-    cols = [("sessions", "d"), ("switch_interval_ms", "g"), ("render_lead_ms", "g"), ("send_on_clock", "d"), ("render_ahead", "d"), ("prebuffer_ms", "g"), ("render_in_flight", "d"), ("front_end_streams", "d"), ("phase_slots", "d"), ("render_window_ms", "g"), ("sustained", "d"), ("errors", "d"), ("fps_min", ".1f"), ("fps_median", ".1f"), ("jitter_p95_ms", ".1f"), ("late_p50_ms", ".1f"),
+    cols = [("sessions", "d"), ("switch_interval_ms", "g"), ("render_lead_ms", "g"), ("send_on_clock", "d"), ("render_ahead", "d"), ("prebuffer_ms", "g"), ("render_in_flight", "d"), ("front_end_streams", "d"), ("sustained", "d"), ("errors", "d"), ("fps_min", ".1f"), ("fps_median", ".1f"), ("jitter_p95_ms", ".1f"), ("late_p50_ms", ".1f"),
             ("late_p95_ms", ".1f"), ("late_max_ms", ".1f"), ("server_fps", ".1f"), ("loop_lag_p95_ms", ".1f"), ("loop_lag_max_ms", ".0f"), ("speaking_share", ".2f"), ("rss_before_mb", ".0f"),
             ("rss_peak_mb", ".0f"), ("rss_after_mb", ".0f"), ("gpu_before_mb", ".0f"), ("gpu_peak_mb", ".0f"), ("gpu_after_mb", ".0f"),
             ("batch_frames_mean", ".1f"), ("requests_per_batch", ".2f"), ("request_frames_mean", ".1f"), ("render_wait_ms_mean", ".1f"), ("render_busy_share", ".2f"), ("audio_busy_share", ".2f"),
@@ -461,9 +446,7 @@ def main() -> None:
                      "render_ahead": getattr(server_cfg, "render_ahead", 0),  # 0: a server elsewhere (unknown)
                      "prebuffer_ms": getattr(server_cfg, "prebuffer_s", 0.0) * 1e3,
                      "render_in_flight": getattr(server_cfg, "render_in_flight", 0),
-                     "front_end_streams": bool(getattr(server_cfg, "front_end_streams", False)),
-                     "phase_slots": getattr(server_cfg, "phase_slots", 0),
-                     "render_window_ms": getattr(server_cfg, "render_window_s", 0.0) * 1e3})
+                     "front_end_streams": bool(getattr(server_cfg, "front_end_streams", False))})
         r = rows[-1]
         print(f"[{time.monotonic() - t0:.0f} s] {n} sessions: {r['sustained']} sustained, {r['errors']} errors {r['error_samples'] or ''}",
               file=sys.stderr)

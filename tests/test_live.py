@@ -254,38 +254,6 @@ def _first_idle_after(video, ref, box, k0):
     return next(k for k in sorted(video) if k >= k0 and mouth_diff(video[k], ref, box) == 0.0)
 
 
-def test_aligned_renders_end_on_multiples_of_render_ahead(engine, avatars, hello):
-    """A session on a phase slot (render_align) renders speech in groups that end on multiples of
-    render_ahead wherever its speech starts, so sessions sharing a clock phase ask for the same
-    frames at the same instants and a shared batcher can merge them; it shows the same frames."""
-    packet = avatars["photo"]
-    runs = {}
-    for align in (False, True):
-        sizes: list[int] = []
-
-        def renderer(layer, driving, frame_idx, sizes=sizes):
-            sizes.append(int(driving.shape[0]))
-            return engine.render(layer, driving, frame_idx)
-
-        s, ts = new_session(engine, packet, render_ahead=8, prebuffer_s=0.4, render_align=align, renderer=renderer)
-        collect(s, ts, 0.35)
-        sizes.clear()  # the idle loop's one-off render; from here on, speech
-        f0 = s.speak(hello)["start_frame"]
-        video, _ = collect(s, ts, 0.35 + hello.duration_s + 0.4)
-        s.close()
-        runs[align] = (f0, sizes, video)
-    (f0, plain, video), (f0_aligned, aligned, video_aligned) = runs[False], runs[True]
-    assert f0 == f0_aligned and f0 % 8 != 0  # speech starts off the grid
-    n_speech = math.ceil(hello.duration_s * FPS)
-    assert sum(plain) == sum(aligned) == n_speech
-    ends = f0 + np.cumsum(aligned)
-    assert aligned[0] == 8 - f0 % 8 and all(e % 8 == 0 for e in ends[:-1]), (f0, aligned)
-    assert plain[0] == 8 and (f0 + np.cumsum(plain))[0] % 8 != 0  # without: groups follow the speech start
-    assert video.keys() == video_aligned.keys()
-    for k in video:
-        assert torch.equal(video[k], video_aligned[k]), k
-
-
 def test_interrupt_cuts_within_100ms_and_drops_queued_frames(engine, avatars, hello):
     packet = avatars["photo"]
     s, ts = new_session(engine, packet, render_ahead=8)

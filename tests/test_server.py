@@ -488,59 +488,6 @@ def test_ws_chunks_rendered_ahead_go_out_when_due(data_dir):
     assert np.median(ready) > 0.15, ready  # sent when ready: a render lead early
 
 
-def test_phase_slots_start_sessions_clocks_on_a_shared_grid(data_dir):
-    """With phase slots the server starts each session's media clock on a grid shared by all
-    sessions: the sessions spread over the slots, those of one slot have clocks in phase (their
-    renders of render_ahead frames fall due at the same instants, so a shared batcher merges them),
-    their WebSocket chunks start on multiples of the chunk size, and a closed session frees its slot."""
-    from websockets.asyncio.client import connect
-
-    cfg = ServerConfig(engine="classic", device="cpu", avatars=data_dir / "avatars", clips=data_dir / "clips_phase",
-                       max_sessions=4, render_ahead=8, prebuffer_s=0.32, render_lead_s=0.1, phase_slots=2,
-                       render_window_s=0.005)
-    app = create_app(cfg)
-    state = app.state.ns
-    period = 8 / 25
-
-    async def open_three(srv):
-        sockets, ids, starts = [], [], []
-        for _ in range(3):
-            ws = await connect(f"{srv.ws_url}/ws", max_size=None)
-            await ws.send(json.dumps({"type": "start", "avatar": "astro", "engine": "classic", "chunk_frames": 2}))
-            ids.append(json.loads(await ws.recv())["session"])
-            sockets.append(ws)
-            await asyncio.sleep(0.07)  # sessions open at unrelated moments
-        for ws in sockets:
-            frames = []
-            while len(frames) < 3:
-                msg = await asyncio.wait_for(ws.recv(), 10)
-                if isinstance(msg, bytes):
-                    (n,) = struct.unpack(">I", msg[:4])
-                    frames.append(json.loads(msg[4 : 4 + n])["frame_start"])
-            starts.append(frames)
-        async with httpx.AsyncClient(base_url=srv.url) as c:
-            held = (await c.get("/metrics")).json()["phase_slots"]
-        origins = [state.sessions.get(i).clock.origin for i in ids]
-        for ws in sockets:
-            await ws.send(json.dumps({"type": "close"}))
-            await ws.close()
-        return origins, starts, held
-
-    with ServerThread(app) as srv:
-        origins, starts, held = asyncio.run(open_three(srv))
-        deadline = time.monotonic() + 10
-        while state.sessions.count() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        after = httpx.get(f"{srv.url}/metrics").json()["phase_slots"]
-    assert held == {"classic@25fps/8": [2, 1]}  # spread: slot 0, slot 1, then the least held again
-    assert after == {"classic@25fps/8": [0, 0]}  # every slot given back
-    in_periods = [(o - origins[0]) / period for o in origins]
-    assert abs(in_periods[2] - round(in_periods[2])) < 1e-6  # same slot: in phase
-    assert abs(in_periods[1] - round(in_periods[1]) - 0.5) < 1e-6 or abs(in_periods[1] - round(in_periods[1]) + 0.5) < 1e-6
-    for frames in starts:
-        assert all(k % 2 == 0 for k in frames) and frames == list(range(frames[0], frames[0] + 6, 2)), starts
-
-
 async def _ws_expect_close(server, first, code, words=(), then=None):
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed

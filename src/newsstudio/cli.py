@@ -300,11 +300,6 @@ def serve(
                                          "270 kept 8 Ditto streams at 30 fps on time on an H200)."),
     render_in_flight: int = typer.Option(2, min=0, help="Shared render batches on the GPU at once "
                                          "(0: no bound); a bound makes batches form at the GPU's pace."),
-    phase_slots: int = typer.Option(0, min=0, help="Start live sessions' clocks on a shared grid of this many phase "
-                                    "slots per render-ahead period, so sessions of one slot share render batches "
-                                    "(0: off; pair it with --render-lead-ms and --render-window-ms)."),
-    render_window_ms: float = typer.Option(0.0, min=0.0, help="The shared render batcher waits this long after a "
-                                           "request for others to join its batch."),
     front_end_streams: bool = typer.Option(True, "--front-end-streams/--no-front-end-streams",
                                            help="Run the shared audio-encoder and LMDM batchers on CUDA streams of "
                                            "their own (8 of 8 Ditto sessions on time with them on an H200; see "
@@ -324,8 +319,7 @@ def serve(
                        fps=fps, clips=clips, max_upload_bytes=max_upload_mb << 20, accel=accel,
                        render_ahead=render_ahead, prebuffer_s=prebuffer_ms / 1000, front_end_streams=front_end_streams,
                        front_end_tf32=front_end_tf32,
-                       render_in_flight=render_in_flight, render_lead_s=render_lead_ms / 1000,
-                       phase_slots=phase_slots, render_window_s=render_window_ms / 1000)
+                       render_in_flight=render_in_flight, render_lead_s=render_lead_ms / 1000)
     uvicorn.Server(uvicorn_config(create_app(cfg), host=host, port=port, log_level="info")).run()
 
 

@@ -113,12 +113,11 @@ class MediaClock:
     Positions are counters; `video_time(k) = k / fps` and `audio_time(s) = s / sr` are exact
     fractions, so a frame and the samples that play with it are due at the same instant."""
 
-    def __init__(self, fps: Fraction, time_source: TimeSource | None = None, out_rate: int = OUT_RATE,
-                 origin: float | None = None):
+    def __init__(self, fps: Fraction, time_source: TimeSource | None = None, out_rate: int = OUT_RATE):
         self.fps = as_fraction(fps)
         self.out_rate = int(out_rate)
         self.time_source = time_source or time.monotonic
-        self.origin = float(self.time_source()) if origin is None else float(origin)
+        self.origin = float(self.time_source())
 
     def now(self) -> float:
         """Media seconds since the session started."""
@@ -495,12 +494,7 @@ class LiveSession:
         engine_name: str | None = None,
         on_close: Callable[["LiveSession"], None] | None = None,
         renderer: Callable[[AvatarLayer, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-        clock_origin: float | None = None,
-        render_align: bool = False,
     ):
-        """`clock_origin`: the time-source instant of media time 0 (default: now); `render_align`:
-        renders end on multiples of `render_ahead`, so sessions whose clocks share a phase ask for
-        renders at the same instants and a shared batcher merges them (server/phases.py)."""
         self.id = session_id or uuid.uuid4().hex[:16]
         self.transport: str | None = None  # set by the server: "webrtc", "ws", ...
         self.engine = engine
@@ -510,10 +504,9 @@ class LiveSession:
         self.fps = as_fraction(fps)
         self.out_rate = int(out_rate)
         self.render_ahead = max(1, int(render_ahead))
-        self.render_align = bool(render_align)
         self.prebuffer_s = float(prebuffer_s)
         self.prebuffer_frames = max(1, math.ceil(self.prebuffer_s * float(as_fraction(fps))))
-        self.clock = MediaClock(self.fps, time_source, self.out_rate, origin=clock_origin)
+        self.clock = MediaClock(self.fps, time_source, self.out_rate)
         self.layer = engine.load_avatar(packet)
         self.stream = StreamSession(engine, self.layer, background_for(engine, packet), self.fps, renderer=renderer)
         self._idle = IdleFrames.for_session(engine, packet, self.stream)
@@ -808,8 +801,6 @@ class LiveSession:
     def _plan(self, k: int, n: int) -> tuple:
         """Under the lock: what to render from frame k (idle or speech, how many, driving)."""
         u, span = self._segment(k)
-        if self.render_align:  # end on the next multiple of render_ahead
-            span = min(span, self.render_ahead - k % self.render_ahead)
         m = max(1, min(n, span))
         if u is not None:
             assert u.start_frame is not None

@@ -140,7 +140,6 @@ def create_app(cfg: ServerConfig | None = None) -> FastAPI:
             rss_bytes=rss_bytes(),
             gpu=state.gpu_memory(),
             render_batching={k: m.BatchingInfo(**v) for k, v in state.engines.batcher_stats().items()},
-            phase_slots=grid.held() if (grid := state.phase_grid()) is not None else {},
             event_loop_lag=m.LoopLag(**state.metrics.loop_lag()),
             sessions=[m.SessionInfo(**s.info()) for s in state.sessions.list() if not s.closed],
         )

@@ -21,9 +21,8 @@ class EngineUnavailable(RuntimeError):
 class EnginePool:
     def __init__(self, default: str, device: torch.device, weights: str, models: Any, accel: str = "auto",
                  batch_sessions: bool = True, front_end_streams: bool = True, render_in_flight: int = 0,
-                 stall_s: float | None = None, front_end_tf32: bool = True, render_window_s: float = 0.0):
+                 stall_s: float | None = None, front_end_tf32: bool = True):
         self.device = device
-        self.render_window_s = render_window_s  # every RenderBatcher's `Batcher.window_s`
         self.front_end_tf32 = front_end_tf32
         self.stall_s = stall_s  # every shared batcher's `Batcher.stall_s`
         self.batch_sessions = batch_sessions
@@ -82,8 +81,7 @@ class EnginePool:
         with self._locks[name]:
             b = self._batchers.get(name)
             if b is None:
-                b = self._batchers[name] = RenderBatcher(eng, max_in_flight=self.render_in_flight,
-                                                               window_s=self.render_window_s)
+                b = self._batchers[name] = RenderBatcher(eng, max_in_flight=self.render_in_flight)
                 b.stall_s = self.stall_s
                 for stage, shared in eng.use_stream_batchers(own_streams=self.front_end_streams).items():  # audio encoders, Ditto's LMDM windows
                     self._batchers[f"{name}/{stage}"] = shared
@@ -96,13 +94,6 @@ class EnginePool:
         for b in list(self._batchers.values()):
             if isinstance(b, RenderBatcher):
                 b.set_max_in_flight(n)
-
-    def set_render_window(self, seconds: float) -> None:
-        """`ServerConfig.render_window_s` for the render batchers made from now on and those running."""
-        self.render_window_s = seconds
-        for b in list(self._batchers.values()):
-            if isinstance(b, RenderBatcher):
-                b.window_s = seconds
 
     def set_front_end_streams(self, on: bool) -> None:
         """`ServerConfig.front_end_streams` for the front-end batchers made from now on and those

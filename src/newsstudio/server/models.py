@@ -123,8 +123,6 @@ class Metrics(BaseModel):
     gpu: list[GpuMemory] | None = Field(description="Per CUDA device; null without CUDA.")
     render_batching: dict[str, BatchingInfo] = Field(
         default_factory=dict, description="Per engine: how live sessions' renders were merged into shared batches.")
-    phase_slots: dict[str, list[int]] = Field(
-        default_factory=dict, description="Live sessions per phase slot, by engine@fps/render_ahead (empty: phase slots off).")
     event_loop_lag: LoopLag
     sessions: list[SessionInfo]
 

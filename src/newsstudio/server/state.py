@@ -21,7 +21,6 @@ from ..live import LiveSession, SessionLimitError, SessionManager
 from ..stream import default_device
 from .engines import EnginePool, EngineUnavailable
 from .jobs import JobManager
-from .phases import PhaseGrid, PhaseSlot
 from .tts import EspeakTts
 
 
@@ -88,16 +87,6 @@ class ServerConfig:
     render and the rest follow at once, so arrivals spread by the render time (Ditto at 30 fps on
     an H200: jitter p95 125-144 ms, twelfth session). Held, they arrive evenly whenever the render
     takes less than the lead."""
-    phase_slots: int = 0
-    """Live sessions start their media clocks on a shared grid of this many phase slots per
-    render_ahead / fps, and render in aligned groups of render_ahead frames, so the sessions of a
-    slot ask for their renders at the same instants and share GPU batches (server/phases.py;
-    0: off, each clock starts when its session opens). A slot's batch lands at once: give the
-    sessions a render lead of at least one batch's time. Read by each new session."""
-    render_window_s: float = 0.0
-    """The shared render batcher waits up to this long after a request for others to join its batch
-    (`Batcher.window_s`): with phase slots, the requests of one slot arrive within a few ms of each
-    other and a batch taken at the first would hold one of them."""
     webrtc_connect_timeout_s: float = 30.0
     time_source: Callable[[], float] | None = None
     """Injectable media-clock time source (tests: simulated or scaled time)."""
@@ -183,10 +172,8 @@ class ServerState:
         self.fps = Fraction(cfg.fps).limit_denominator(1001)
         stall_s = cfg.batch_stall_s if cfg.batch_stall_s is not None else (60.0 if self.device.type == "cuda" else None)
         self.engines = EnginePool(cfg.engine, self.device, cfg.weights, cfg.models, cfg.accel, cfg.batch_sessions,
-                                  cfg.front_end_streams, cfg.render_in_flight, stall_s, cfg.front_end_tf32,
-                                  cfg.render_window_s)
+                                  cfg.front_end_streams, cfg.render_in_flight, stall_s, cfg.front_end_tf32)
         self.sessions = SessionManager(cfg.max_sessions)
-        self._phase_grid: PhaseGrid | None = None
         self.jobs = JobManager({"prebake": 1, "clip": 2}, keep=cfg.jobs_kept)
         self.metrics = Metrics()
         self.tts = EspeakTts()
@@ -231,25 +218,11 @@ class ServerState:
         rate = Fraction(fps).limit_denominator(1001) if fps else self.fps
 
         def factory(on_close):
-            grid = self.phase_grid()
-            slot: PhaseSlot | None = grid.take(name, rate, self.cfg.render_ahead) if grid is not None else None
-
-            def closed(session: LiveSession) -> None:
-                if slot is not None:
-                    grid.give_back(slot)
-                on_close(session)
-
-            try:
-                s = LiveSession(
-                    eng, packet, fps=rate, time_source=self.cfg.time_source, render_ahead=self.cfg.render_ahead,
-                    prebuffer_s=self.cfg.prebuffer_s + self.cfg.render_lead_s, engine_name=name, on_close=closed,
-                    renderer=self.engines.renderer(name), clock_origin=slot.origin if slot is not None else None,
-                    render_align=slot is not None,
-                )
-            except BaseException:
-                if slot is not None:
-                    grid.give_back(slot)
-                raise
+            s = LiveSession(
+                eng, packet, fps=rate, time_source=self.cfg.time_source, render_ahead=self.cfg.render_ahead,
+                prebuffer_s=self.cfg.prebuffer_s + self.cfg.render_lead_s, engine_name=name, on_close=on_close,
+                renderer=self.engines.renderer(name),
+            )
             s.transport = transport
             return s
 
@@ -258,17 +231,6 @@ class ServerState:
         except SessionLimitError as e:
             self.metrics.rejected_sessions += 1
             raise HTTPException(503, str(e), headers={"Retry-After": "5"}) from None
-
-    def phase_grid(self) -> PhaseGrid | None:
-        """The grid new sessions take their phase slots from (`ServerConfig.phase_slots`; None: off).
-        A changed slot count starts a new grid; sessions on the old one give their slots back to it."""
-        n = int(self.cfg.phase_slots)
-        with self.lock:
-            if n <= 0:
-                return None
-            if self._phase_grid is None or self._phase_grid.slots != n:
-                self._phase_grid = PhaseGrid(n, self.cfg.time_source)
-            return self._phase_grid
 
     def session(self, session_id: str) -> LiveSession:
         try:

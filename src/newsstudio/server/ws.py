@@ -337,14 +337,14 @@ class WsSession:
         clock = s.clock
         n = self.opts["chunk_frames"]
         h264 = H264Encoder(s.width, s.height, s.fps) if self.opts["format"] == "h264" else None
-        k = self._first_frame(clock.now(), n)
+        k = clock.next_frame(clock.now())
         idx = 0
         try:
             while not s.closed:
                 await clock.sleep_until(clock.video_time(k) - self.state.cfg.render_lead_s)
                 now = clock.now()
                 if clock.video_time(k) < now - LATE_S:  # stalled, overloaded, or the clock jumped: skip ahead, stay live
-                    k = self._first_frame(now, n)
+                    k = clock.next_frame(now)
                 message = await loop.run_in_executor(self.state.render_pool, self._chunk_message, k, n, idx, h264)
                 await self._out(message, due=clock.video_time(k))
                 self.state.metrics.add_frames(n)
@@ -362,15 +362,6 @@ class WsSession:
         finally:
             if h264 is not None:
                 h264.close()
-
-    def _first_frame(self, t: float, n: int) -> int:
-        """The frame to start (or resume) sending at, at media time t: the next due one; for a
-        session on a phase slot, the next multiple of the chunk size, so its chunks (and with them
-        its render requests) start on the same frames as the other sessions of its slot."""
-        s = self.session
-        assert s is not None
-        k = s.clock.next_frame(t)
-        return -(-k // n) * n if s.render_align else k
 
     def _chunk_message(self, k: int, n: int, idx: int, h264: H264Encoder | None) -> bytearray:
         """Frames [k, k+n) rendered, encoded (H.264) or raw, with their audio, as one chunk message.
