@@ -333,6 +333,13 @@ async def run_level(url: str, n: int, args, pcm, sr) -> dict:
         "session_render_call_ms": per_render("render_call_ms_mean"),
         "session_copy_out_ms": per_render("copy_out_ms_mean"),
     }
+    # why speech renders come up short of render_ahead frames: late driving, gaps (underruns), skips
+    speech_renders = sum(s.get("speech_renders", 0) for s in live)
+    batching["short_render_share"] = sum(s.get("short_renders", 0) for s in live) / speech_renders if speech_renders else 0.0
+    batching["driving_ahead_frames"] = (sum(s.get("driving_ahead_frames_mean", 0.0) * s.get("speech_renders", 0) for s in live)
+                                        / speech_renders if speech_renders else 0.0)
+    batching["underrun_ms_per_session"] = statistics.mean([s.get("underrun_ms", 0.0) for s in live]) if live else 0.0
+    batching["skipped_frames_per_session"] = statistics.mean([s.get("skipped_frames", 0) for s in live]) if live else 0.0
     return {
         **batching,
         "sessions": n, "sustained": sustained, "errors": sum(len(s["errors"]) for s in stats),
@@ -426,7 +433,8 @@ def main() -> None:
             ("rss_peak_mb", ".0f"), ("rss_after_mb", ".0f"), ("gpu_before_mb", ".0f"), ("gpu_peak_mb", ".0f"), ("gpu_after_mb", ".0f"),
             ("batch_frames_mean", ".1f"), ("requests_per_batch", ".2f"), ("request_frames_mean", ".1f"), ("render_wait_ms_mean", ".1f"), ("render_busy_share", ".2f"), ("audio_busy_share", ".2f"),
             ("audio_rows_per_call", ".1f"), ("motion_busy_share", ".2f"),
-            ("session_render_call_ms", ".1f"), ("session_copy_out_ms", ".1f")]
+            ("session_render_call_ms", ".1f"), ("session_copy_out_ms", ".1f"), ("short_render_share", ".2f"),
+            ("driving_ahead_frames", ".1f"), ("underrun_ms_per_session", ".0f"), ("skipped_frames_per_session", ".1f")]
     print(" | ".join(name for name, _ in cols), flush=True)
     rows = []
     levels = [(n, setting) for n in args.sessions for setting in server_settings(args, server_cfg, server_state)]

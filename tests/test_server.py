@@ -488,6 +488,46 @@ def test_ws_chunks_rendered_ahead_go_out_when_due(data_dir):
     assert np.median(ready) > 0.15, ready  # sent when ready: a render lead early
 
 
+def test_ws_speech_keeps_up_when_the_engine_is_slower_than_the_messages(data_dir, monkeypatch):
+    """Speech is taken off the socket as it arrives even when the engine needs longer per push than
+    a message lasts (here 60 ms per push, 20 ms messages: a shared GPU batcher under load): what
+    queued meanwhile goes into the next push, so the session holds all the speech sent instead of
+    a backlog that grows for as long as the client talks."""
+    from websockets.asyncio.client import connect
+
+    from newsstudio.live import LiveSession
+
+    real = LiveSession.push_speech
+
+    def slow(self, pcm, sample_rate=None):
+        time.sleep(0.06)
+        return real(self, pcm, sample_rate)
+
+    monkeypatch.setattr(LiveSession, "push_speech", slow)
+    cfg = ServerConfig(engine="classic", device="cpu", avatars=data_dir / "avatars", clips=data_dir / "clips_intake",
+                       max_sessions=2)
+    app = create_app(cfg)
+    pcm = np.clip(np.rint(speechlike(3.0, 16000) * 32767), -32768, 32767).astype("<i2")
+
+    async def stream() -> tuple[int, int]:
+        async with connect(f"{srv.ws_url}/ws", max_size=None) as ws:
+            await ws.send(json.dumps({"type": "start", "avatar": "astro", "engine": "classic", "sample_rate": 16000}))
+            session = app.state.ns.sessions.get(json.loads(await ws.recv())["session"])
+            t0 = time.monotonic()
+            for i, a in enumerate(range(0, pcm.size, 320)):  # 20 ms messages in real time
+                await ws.send(pcm[a : a + 320].tobytes())
+                await asyncio.sleep(max(0.0, t0 + (i + 1) * 0.02 - time.monotonic()))
+            await asyncio.sleep(0.3)  # a few pushes' time after the last message
+            taken = session._current.n_src if session._current is not None else 0
+            await ws.send(json.dumps({"type": "close"}))
+        return taken, pcm.size
+
+    with ServerThread(app) as srv:
+        taken, sent = asyncio.run(stream())
+    # one push at a time would have taken ~1/3 of it by now (60 ms of work per 20 ms message)
+    assert taken == sent, (taken, sent)
+
+
 async def _ws_expect_close(server, first, code, words=(), then=None):
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed

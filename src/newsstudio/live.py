@@ -471,6 +471,9 @@ class SessionStats:
     renders: int = 0  # render calls (speech or idle frames not served from the shared idle cache)
     render_call_s: float = 0.0  # inside them until the frames' GPU work was queued (the shared batch included)
     copy_out_s: float = 0.0  # then until the frames were in host memory (the GPU queue ahead of them)
+    speech_renders: int = 0  # renders of speech frames
+    short_renders: int = 0  # of them, cut short because the driving of the frames asked for was not ready yet
+    ahead_frames: int = 0  # summed over speech renders: frames of driving ready from the render's first frame on
 
 
 class LiveSession:
@@ -586,6 +589,9 @@ class LiveSession:
             "renders": s.renders,
             "render_call_ms_mean": round(s.render_call_s / s.renders * 1000, 3) if s.renders else 0.0,
             "copy_out_ms_mean": round(s.copy_out_s / s.renders * 1000, 3) if s.renders else 0.0,
+            "speech_renders": s.speech_renders,
+            "short_renders": s.short_renders,
+            "driving_ahead_frames_mean": round(s.ahead_frames / s.speech_renders, 2) if s.speech_renders else 0.0,
             "render_ahead": self.render_ahead,
             "prebuffer_ms": round(self.prebuffer_frames / float(self.fps) * 1000, 2),
         }
@@ -819,8 +825,14 @@ class LiveSession:
         if u is None:
             return (self._gen, "idle", k, m, None, self.stream, self._idle)
         driving = u.driving(j, m, self)
-        m = int(driving.shape[0])
-        self.stats.speech_frames += m
+        got = int(driving.shape[0])
+        st = self.stats
+        st.speech_renders += 1
+        st.ahead_frames += ready - j
+        if got < m and (u.total_frames is None or j + got < u.total_frames):  # not the utterance's end: late driving
+            st.short_renders += 1
+        m = got
+        st.speech_frames += m
         return (self._gen, "speech", k, m, driving, self.stream, None)
 
     def _execute(self, plan: tuple) -> list[torch.Tensor]:

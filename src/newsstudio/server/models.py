@@ -85,6 +85,11 @@ class SessionInfo(BaseModel):
     renders: int = Field(0, description="Render calls (speech, or idle frames not served from the shared idle cache).")
     render_call_ms_mean: float = Field(0.0, description="Per render call: until its GPU work was queued (waiting for the shared render batch included).")
     copy_out_ms_mean: float = Field(0.0, description="Per render call: then until the frames were in host memory (the GPU queue ahead of them).")
+    speech_renders: int = Field(0, description="Render calls of speech frames.")
+    short_renders: int = Field(0, description="Of them, cut short of render_ahead frames because the speech's driving "
+                               "(features, motion) for the rest was not ready yet.")
+    driving_ahead_frames_mean: float = Field(0.0, description="Per speech render: frames of driving ready from its first "
+                                             "frame on (how far the speech input runs ahead of the renders).")
     render_ahead: int = Field(description="Frames the session renders per request.")
     prebuffer_ms: float = Field(description="Streamed speech goes on air once this much of it is ready.")
 

@@ -41,6 +41,7 @@ import torch
 from fastapi import FastAPI, HTTPException, WebSocket, WebSocketDisconnect
 
 from ..live import LiveSession, SessionError
+from .speech_intake import SpeechIntake
 from .state import ServerState
 from .video import H264Encoder
 
@@ -109,28 +110,42 @@ def register_ws(app: FastAPI, state: ServerState) -> None:
         if format not in ("s16le", "f32le") or not 8000 <= sample_rate <= 192000:
             await ws.close(CLOSE_POLICY, "format must be s16le or f32le and sample_rate 8000..192000")
             return
-        loop = asyncio.get_running_loop()
+        intake = SpeechIntake(session, state.speech_pool, sample_rate)
+        feeder = asyncio.ensure_future(intake.feed())
+        reader = asyncio.ensure_future(_read_speech(ws, intake, format))
         try:
-            while True:
-                msg = await ws.receive()
-                if msg["type"] == "websocket.disconnect":
-                    break
-                if msg.get("bytes") is not None:
-                    await loop.run_in_executor(state.speech_pool, session.push_speech, _pcm(msg["bytes"], format), sample_rate)
-                elif msg.get("text") is not None:
-                    kind = json.loads(msg["text"]).get("type")
-                    if kind == "speech_end":
-                        await loop.run_in_executor(state.speech_pool, session.end_speech)
-                    elif kind == "interrupt":
-                        session.interrupt()
+            await asyncio.wait([reader, feeder], return_when=asyncio.FIRST_COMPLETED)
+            if reader.done():
+                reader.result()  # a malformed message raises here
+                intake.end()  # the client is gone: play out what arrived
+                intake.close()
+            await feeder  # a failed push raises here
         except (ValueError, SessionError) as e:
             await _close(ws, CLOSE_POLICY, str(e))
-        except WebSocketDisconnect:
-            pass
-        try:
-            await loop.run_in_executor(state.speech_pool, session.end_speech)
-        except SessionError:
-            pass
+            try:
+                await asyncio.get_running_loop().run_in_executor(state.speech_pool, session.end_speech)
+            except SessionError:
+                pass
+        finally:
+            reader.cancel()
+            feeder.cancel()
+
+
+async def _read_speech(ws: WebSocket, intake: SpeechIntake, fmt: str) -> None:
+    """Queue the PCM and control messages of /sessions/{id}/audio until the client disconnects."""
+    while True:
+        msg = await ws.receive()
+        if msg["type"] == "websocket.disconnect":
+            return
+        if msg.get("bytes") is not None:
+            intake.pcm(_pcm(msg["bytes"], fmt))
+        elif msg.get("text") is not None:
+            d = json.loads(msg["text"])
+            kind = d.get("type") if isinstance(d, dict) else None
+            if kind == "speech_end":
+                intake.end()
+            elif kind == "interrupt":
+                intake.interrupt()
 
 
 async def _close(ws: WebSocket, code: int, reason: str) -> None:
@@ -145,6 +160,7 @@ class WsSession:
         self.ws = ws
         self.state = state
         self.session: LiveSession | None = None
+        self.intake: SpeechIntake | None = None
         self.queue: asyncio.Queue[tuple[bool, bytes | bytearray]] | None = None  # (is_text, payload)
         # (due media time, is_text, payload) waiting for their time when chunks are sent on the clock
         self.held: asyncio.Queue[tuple[float, bool, bytes | bytearray]] = asyncio.Queue()
@@ -175,7 +191,10 @@ class WsSession:
                 "sample_rate": s.out_rate, "audio_format": "f32le", "channels": 1, "format": self.opts["format"],
                 "chunk_frames": self.opts["chunk_frames"], "engine": s.engine_name, "avatar": s.avatar_id,
             }))
-            tasks = [asyncio.ensure_future(self._pump()), asyncio.ensure_future(self._send()), asyncio.ensure_future(self._receive())]
+            self.intake = SpeechIntake(s, self.state.speech_pool, self.opts["sample_rate"],
+                                       on_interrupted=lambda info: self._text({"type": "interrupted", **info}))
+            tasks = [asyncio.ensure_future(self._pump()), asyncio.ensure_future(self._send()),
+                     asyncio.ensure_future(self._receive()), asyncio.ensure_future(self._feed())]
             if self.on_clock:
                 tasks.append(asyncio.ensure_future(self._release()))
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -257,9 +276,10 @@ class WsSession:
         await _close(self.ws, code, message)
 
     async def _receive(self) -> None:
-        s = self.session
-        assert s is not None
-        loop = asyncio.get_running_loop()
+        """Read the client's messages: speech and its controls go to the intake (in order; the
+        reader never waits on the engine), close and protocol errors end the session."""
+        intake = self.intake
+        assert intake is not None
         while self.closing is None:
             msg = await self.ws.receive()
             if msg["type"] == "websocket.disconnect":
@@ -268,8 +288,8 @@ class WsSession:
                 data = msg["bytes"]
                 if len(data) > MAX_PCM_MESSAGE:
                     raise _Protocol(CLOSE_POLICY, f"PCM messages are limited to {MAX_PCM_MESSAGE} bytes")
-                try:  # off the event loop: the engine's feature/motion work for this speech runs here
-                    await loop.run_in_executor(self.state.speech_pool, s.push_speech, _pcm(data, self.opts["pcm"]), self.opts["sample_rate"])
+                try:
+                    intake.pcm(_pcm(data, self.opts["pcm"]))
                 except ValueError as e:
                     raise _Protocol(CLOSE_POLICY, str(e)) from None
                 continue
@@ -279,10 +299,9 @@ class WsSession:
                 raise _Protocol(CLOSE_UNSUPPORTED, "control messages must be JSON") from None
             kind = d.get("type") if isinstance(d, dict) else None
             if kind == "speech_end":
-                await loop.run_in_executor(self.state.speech_pool, s.end_speech)
+                intake.end()
             elif kind == "interrupt":
-                info = s.interrupt()
-                await self._text({"type": "interrupted", **info})
+                intake.interrupt()  # replies "interrupted" once done
             elif kind == "close":
                 self.closing = (CLOSE_NORMAL, "closed by the client")
                 return
@@ -290,6 +309,14 @@ class WsSession:
                 raise _Protocol(CLOSE_POLICY, "the session is already started")
             else:
                 raise _Protocol(CLOSE_POLICY, f"unknown message type {kind!r}")
+
+    async def _feed(self) -> None:
+        """Push the queued speech into the session (off the event loop, see speech_intake.py)."""
+        assert self.intake is not None
+        try:
+            await self.intake.feed()
+        except ValueError as e:  # speech the engine cannot take (e.g. an unusable sample rate)
+            raise _Protocol(CLOSE_POLICY, str(e)) from None
 
     async def _text(self, obj: dict) -> None:
         # control replies go through the same queues as the chunks, in order with them

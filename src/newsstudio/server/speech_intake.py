@@ -1,0 +1,93 @@
+"""Streamed speech from a socket into a live session, without the socket waiting on the model.
+
+A client streams speech as many small PCM messages (20 ms each is usual). Each `push_speech` runs
+the engine's share of the input (resampling, audio features, motion) and may wait on a shared GPU
+batcher: MuseTalk re-encodes its Whisper piece every 100 ms through one batcher for all streams.
+Read and pushed one message at a time, a stream whose pushes average more than 20 ms falls behind
+real time for good: its speech prebuffer drains, renders get fewer frames than they ask for and
+the avatar stalls in underruns, however fast the renderer is.
+
+`SpeechIntake` decouples the two: the socket reader only queues what arrives, and one feeder task
+pushes everything queued since its last call in a single `push_speech` (the streaming features are
+the same either way up to their documented streaming error, which depends on when updates run).
+Control messages keep their order with the speech: `speech_end` is queued behind it, and an
+interrupt drops the speech queued before it (the cut would remove it anyway) and then runs
+behind the one push in progress, if any.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+from typing import Any
+
+import numpy as np
+
+from ..live import LiveSession
+
+_END = "end"
+_INTERRUPT = "interrupt"
+
+
+class SpeechIntake:
+    """Ordered speech input for one session (module doc). Call `pcm`, `end` and `interrupt` from the
+    event loop; run `feed()` as a task: it returns when `close()` was called and the queue is empty,
+    and raises what a push raised (a ValueError for bad input)."""
+
+    def __init__(self, session: LiveSession, pool: Executor, sample_rate: int,
+                 on_interrupted: Callable[[dict[str, Any]], Awaitable[None]] | None = None):
+        self.session = session
+        self.pool = pool
+        self.sample_rate = int(sample_rate)
+        self.on_interrupted = on_interrupted
+        self._items: deque[Any] = deque()
+        self._wake = asyncio.Event()
+        self._closed = False
+        self.pushes = 0  # push_speech calls made (for tests and metrics)
+        self.messages = 0  # PCM messages received
+
+    def pcm(self, samples: np.ndarray) -> None:
+        if samples.size:
+            self._items.append(samples)
+            self.messages += 1
+            self._wake.set()
+
+    def end(self) -> None:
+        self._items.append(_END)
+        self._wake.set()
+
+    def interrupt(self) -> None:
+        self._items.clear()  # speech that arrived before the interrupt: cut anyway, never pushed
+        self._items.append(_INTERRUPT)
+        self._wake.set()
+
+    def close(self) -> None:
+        """No more input: `feed` pushes what is queued, then returns."""
+        self._closed = True
+        self._wake.set()
+
+    async def feed(self) -> None:
+        loop = asyncio.get_running_loop()
+        s = self.session
+        while True:
+            if not self._items:
+                if self._closed:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            item = self._items.popleft()
+            if isinstance(item, np.ndarray):
+                parts = [item]
+                while self._items and isinstance(self._items[0], np.ndarray):
+                    parts.append(self._items.popleft())
+                pcm = parts[0] if len(parts) == 1 else np.concatenate(parts)
+                self.pushes += 1
+                await loop.run_in_executor(self.pool, s.push_speech, pcm, self.sample_rate)
+            elif item == _END:
+                await loop.run_in_executor(self.pool, s.end_speech)
+            else:
+                info = s.interrupt()
+                if self.on_interrupted is not None:
+                    await self.on_interrupted(info)
