@@ -902,6 +902,57 @@ def test_webrtc_two_peers_av_offset_within_40ms_across_an_hour_jump(data_dir):
     assert abs(v_lag - a_lag) <= 0.040, (v_lag, a_lag)
 
 
+def test_webrtc_data_channel_speech_and_interrupt(server):
+    """Speech streamed over a peer's data channel (48 kHz s16le in 20 ms messages, as the page's
+    microphone does) makes the presenter speak while it arrives; an interrupt over the channel
+    cuts it and is answered with "interrupted"; a malformed message does not end anything."""
+    from aiortc import RTCPeerConnection, RTCSessionDescription
+
+    pcm = np.clip(np.rint(speechlike(3.0, 48000) * 32767), -32768, 32767).astype("<i2")
+
+    async def run():
+        pc = RTCPeerConnection()
+        pc.addTransceiver("video", direction="recvonly")
+        pc.addTransceiver("audio", direction="recvonly")
+        channel = pc.createDataChannel("control")
+        replies: list[dict] = []
+        channel.on("message", lambda m: replies.append(json.loads(m)) if isinstance(m, str) else None)
+        await pc.setLocalDescription(await pc.createOffer())
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
+            r = await c.post("/webrtc/offer", json={"sdp": pc.localDescription.sdp, "type": "offer", "avatar": "astro", "engine": "classic"})
+            assert r.status_code == 200, r.text
+            sid = r.json()["session_id"]
+            await pc.setRemoteDescription(RTCSessionDescription(r.json()["sdp"], "answer"))
+            t0 = time.monotonic()
+            while channel.readyState != "open":
+                assert time.monotonic() - t0 < 10
+                await asyncio.sleep(0.05)
+            channel.send(b"\x01\x02\x03")  # odd length: not s16le, dropped
+            channel.send("{not json")  # answered with an error, nothing ends
+            t0 = time.monotonic()
+            states = set()
+            for i, a in enumerate(range(0, pcm.size // 2, 960)):  # the first 1.5 s, in real time
+                channel.send(pcm[a : a + 960].tobytes())
+                await asyncio.sleep(max(0.0, t0 + (i + 1) * 0.02 - time.monotonic()))
+                if i % 10 == 0:
+                    states.add((await c.get(f"/sessions/{sid}")).json()["state"])
+            channel.send(json.dumps({"type": "interrupt"}))
+            t0 = time.monotonic()
+            while not any(x.get("type") == "interrupted" for x in replies):
+                assert time.monotonic() - t0 < 10, replies
+                await asyncio.sleep(0.05)
+            info = (await c.get(f"/sessions/{sid}")).json()
+            await pc.close()
+        return states, replies, info
+
+    states, replies, info = asyncio.run(run())
+    assert "speaking" in states  # on air while the speech was still arriving
+    cut = next(x for x in replies if x["type"] == "interrupted")
+    assert cut["interrupted"] and cut["cut_latency_ms"] <= 100
+    assert any(x["type"] == "error" for x in replies)  # the bad JSON, reported
+    assert info["state"] == "idle" and info["utterances"] == 1 and info["interrupts"] == 1
+
+
 def test_webrtc_h264_when_the_client_prefers_it(server):
     """The codec is whatever the offer negotiates: a client that only takes H.264 gets H.264."""
     from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription

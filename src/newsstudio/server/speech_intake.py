@@ -32,15 +32,18 @@ _INTERRUPT = "interrupt"
 
 class SpeechIntake:
     """Ordered speech input for one session (module doc). Call `pcm`, `end` and `interrupt` from the
-    event loop; run `feed()` as a task: it returns when `close()` was called and the queue is empty,
-    and raises what a push raised (a ValueError for bad input)."""
+    event loop; run `feed()` as a task: it returns when `close()` was called and the queue is empty.
+    A failing step (a ValueError for speech the engine cannot take, a SessionError once the session
+    closed) is raised from `feed`, or handed to `on_error` and feeding goes on when one is given."""
 
     def __init__(self, session: LiveSession, pool: Executor, sample_rate: int,
-                 on_interrupted: Callable[[dict[str, Any]], Awaitable[None]] | None = None):
+                 on_interrupted: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+                 on_error: Callable[[Exception], None] | None = None):
         self.session = session
         self.pool = pool
         self.sample_rate = int(sample_rate)
         self.on_interrupted = on_interrupted
+        self.on_error = on_error
         self._items: deque[Any] = deque()
         self._wake = asyncio.Event()
         self._closed = False
@@ -78,16 +81,23 @@ class SpeechIntake:
                 await self._wake.wait()
                 continue
             item = self._items.popleft()
-            if isinstance(item, np.ndarray):
-                parts = [item]
-                while self._items and isinstance(self._items[0], np.ndarray):
-                    parts.append(self._items.popleft())
-                pcm = parts[0] if len(parts) == 1 else np.concatenate(parts)
-                self.pushes += 1
-                await loop.run_in_executor(self.pool, s.push_speech, pcm, self.sample_rate)
-            elif item == _END:
-                await loop.run_in_executor(self.pool, s.end_speech)
-            else:
-                info = s.interrupt()
-                if self.on_interrupted is not None:
-                    await self.on_interrupted(info)
+            try:
+                if isinstance(item, np.ndarray):
+                    parts = [item]
+                    while self._items and isinstance(self._items[0], np.ndarray):
+                        parts.append(self._items.popleft())
+                    pcm = parts[0] if len(parts) == 1 else np.concatenate(parts)
+                    self.pushes += 1
+                    await loop.run_in_executor(self.pool, s.push_speech, pcm, self.sample_rate)
+                elif item == _END:
+                    await loop.run_in_executor(self.pool, s.end_speech)
+                else:
+                    info = s.interrupt()
+                    if self.on_interrupted is not None:
+                        await self.on_interrupted(info)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - raised, or reported and fed on (see the class doc)
+                if self.on_error is None:
+                    raise
+                self.on_error(e)

@@ -29,6 +29,7 @@ from fastapi import HTTPException
 
 from ..live import LiveSession, SessionError
 from . import models as m
+from .speech_intake import SpeechIntake
 from .state import ServerState
 from .video import video_frame
 
@@ -181,33 +182,21 @@ class WebRtcHub:
             task = asyncio.ensure_future(push_state())
             channel.on("close", task.cancel)
 
-            # Speech input runs on the speech pool, never on the event loop, one message at a
-            # time in arrival order (an interrupt after speech cuts it only after it was fed).
-            inbox: asyncio.Queue = asyncio.Queue()
-            loop = asyncio.get_running_loop()
-
             def report(e: Exception) -> None:
+                if not isinstance(e, (ValueError, SessionError)):  # the peer may be gone; the session's close handles the rest
+                    log.error("session %s: speech input failed: %s: %s", session.id, type(e).__name__, e)
+                    return
                 try:
                     channel.send(json.dumps({"type": "error", "message": str(e)}))
                 except Exception:  # noqa: BLE001
                     pass
 
-            async def consume() -> None:
-                while True:
-                    kind, pcm = await inbox.get()
-                    try:
-                        if kind == "pcm":
-                            await loop.run_in_executor(state.speech_pool, session.push_speech, pcm, 48000)
-                        elif kind == "speech_end":
-                            await loop.run_in_executor(state.speech_pool, session.end_speech)
-                        elif kind == "interrupt":
-                            channel.send(json.dumps({"type": "interrupted", **session.interrupt()}))
-                    except (ValueError, SessionError) as e:
-                        report(e)
-                    except Exception:  # noqa: BLE001 - the peer may be gone; the session's close handles the rest
-                        log.exception("session %s: speech input failed", session.id)
+            async def interrupted(info: dict) -> None:
+                channel.send(json.dumps({"type": "interrupted", **info}))
 
-            consumer = asyncio.ensure_future(consume())
+            # speech input in arrival order, off the event loop, never a backlog (speech_intake.py)
+            intake = SpeechIntake(session, state.speech_pool, 48000, on_interrupted=interrupted, on_error=report)
+            consumer = asyncio.ensure_future(intake.feed())
             channel.on("close", consumer.cancel)
 
             @channel.on("message")
@@ -216,12 +205,14 @@ class WebRtcHub:
                     if isinstance(msg, (bytes, bytearray)):
                         if len(msg) % 2:
                             return
-                        inbox.put_nowait(("pcm", np.frombuffer(bytes(msg), "<i2")))
+                        intake.pcm(np.frombuffer(bytes(msg), "<i2"))
                         return
                     data = json.loads(msg)
                     kind = data.get("type")
-                    if kind in ("interrupt", "speech_end"):
-                        inbox.put_nowait((kind, None))
+                    if kind == "interrupt":
+                        intake.interrupt()
+                    elif kind == "speech_end":
+                        intake.end()
                     elif kind == "ping":
                         channel.send(json.dumps({"type": "pong", "t": data.get("t"), "server_time": time.time()}))
                 except ValueError as e:
