@@ -186,6 +186,8 @@ def test_whole_file_speech_moves_mouth_in_sync(engine, avatars, hello):
         if k < f0 or k >= f0 + n_speech:
             assert torch.equal(f, ref), k
     assert s.state == "idle"
+    info = s.info()  # all the speech was there from the start: every render got the frames it asked for
+    assert info["speech_renders"] > 0 and info["short_renders"] == 0 and info["driving_ahead_frames_mean"] > 20, info
     # audio: the speech, resampled to 48 kHz, starting exactly at frame f0's first sample
     out = audio_stream(audio)
     base = min(audio)
@@ -222,6 +224,8 @@ def test_streamed_speech_plays_as_it_arrives_and_underruns_stay_in_sync(engine, 
     first_moving = next(k for k in sorted(video) if mouth_diff(video[k], ref, box) > 1.0)
     assert 0 <= first_moving / FPS - 0.30 <= 0.200, first_moving
     assert 900 <= info["underrun_ms"] <= 1300  # the 1 s stall became a gap inside the utterance
+    # speech arriving just in time: renders get what is ready, short of the 4 frames they ask for
+    assert info["short_renders"] > 0 and info["driving_ahead_frames_mean"] < 6, info
     out = audio_stream(audio)
     nz = np.flatnonzero(np.abs(out) > 0)
     a0 = nz[0]
