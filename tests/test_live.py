@@ -466,3 +466,54 @@ def test_speech_detector():
     assert not has_speech(np.zeros(sr, np.float32), sr)
     assert not has_speech(np.full(sr, 0.5, np.float32), sr)  # DC offset is not speech
     assert not has_speech((0.5 * np.sin(2 * np.pi * 40 * t)).astype(np.float32), sr)  # rumble
+
+
+def test_speech_intake_merges_what_queued_keeps_order_and_bounds_the_backlog(engine, avatars, hello):
+    """The server's speech intake (server/speech_intake.py) on a real session: a client sending far
+    faster than real time is held at `max_queued_s` of waiting speech, everything sent reaches the
+    session in order, in fewer pushes than messages; an interrupt drops the speech still queued."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from newsstudio.server.speech_intake import SpeechIntake
+
+    s, ts = new_session(engine, avatars["photo"])
+    speech = hello.mono().resampled(SR).samples[0]
+    pool = ThreadPoolExecutor(1)
+
+    async def run() -> tuple[int, int, int, int]:
+        intake = SpeechIntake(s, pool, SR, max_queued_s=0.5)
+        feeder = asyncio.ensure_future(intake.feed())
+        most = 0
+        for a in range(0, speech.size, 960):  # 20 ms messages, as fast as they can go
+            intake.pcm(speech[a : a + 960])
+            most = max(most, intake._queued)
+            await intake.room()
+        intake.end()
+        intake.close()
+        await feeder
+        return most, intake.messages, intake.pushes, s._current.n_src
+
+    most, messages, pushes, received = asyncio.run(run())
+    assert most <= 0.5 * SR + 960  # held back at the bound
+    assert received == speech.size  # all of it, in one utterance
+    assert pushes < messages
+
+    async def interrupted() -> tuple[dict, int]:
+        replies: list[dict] = []
+
+        async def reply(info: dict) -> None:
+            replies.append(info)
+
+        intake = SpeechIntake(s, pool, SR, on_interrupted=reply)
+        intake.pcm(speech[:9600])
+        intake.interrupt()  # before the feeder ran: the queued speech is never pushed
+        intake.close()
+        await intake.feed()
+        return replies[0], intake.pushes
+
+    info, pushes = asyncio.run(interrupted())
+    assert pushes == 0 and info["interrupted"]  # the utterance from above is what was cut
+    assert s.state == "idle"
+    s.close()
+    pool.shutdown()

@@ -12,7 +12,9 @@ pushes everything queued since its last call in a single `push_speech` (the stre
 the same either way up to their documented streaming error, which depends on when updates run).
 Control messages keep their order with the speech: `speech_end` is queued behind it, and an
 interrupt drops the speech queued before it (the cut would remove it anyway) and then runs
-behind the one push in progress, if any.
+behind the one push in progress, if any. A reader that can wait (a WebSocket) calls `room()` after
+each message: a client sending faster than the engine takes it is then held back by the socket's
+flow control once `max_queued_s` of its speech waits, as when each message was pushed in turn.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ class SpeechIntake:
 
     def __init__(self, session: LiveSession, pool: Executor, sample_rate: int,
                  on_interrupted: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
-                 on_error: Callable[[Exception], None] | None = None):
+                 on_error: Callable[[Exception], None] | None = None, max_queued_s: float = 10.0):
         self.session = session
         self.pool = pool
         self.sample_rate = int(sample_rate)
@@ -46,6 +48,10 @@ class SpeechIntake:
         self.on_error = on_error
         self._items: deque[Any] = deque()
         self._wake = asyncio.Event()
+        self._queued = 0  # samples waiting in _items
+        self._max_queued = max(1, int(max_queued_s * self.sample_rate))
+        self._drained = asyncio.Event()
+        self._drained.set()
         self._closed = False
         self.pushes = 0  # push_speech calls made (for tests and metrics)
         self.messages = 0  # PCM messages received
@@ -54,7 +60,19 @@ class SpeechIntake:
         if samples.size:
             self._items.append(samples)
             self.messages += 1
+            self._count(samples.size)
             self._wake.set()
+
+    async def room(self) -> None:
+        """Until at most `max_queued_s` of speech waits to be pushed."""
+        await self._drained.wait()
+
+    def _count(self, samples: int) -> None:
+        self._queued += samples
+        if self._queued > self._max_queued:
+            self._drained.clear()
+        else:
+            self._drained.set()
 
     def end(self) -> None:
         self._items.append(_END)
@@ -62,6 +80,7 @@ class SpeechIntake:
 
     def interrupt(self) -> None:
         self._items.clear()  # speech that arrived before the interrupt: cut anyway, never pushed
+        self._count(-self._queued)
         self._items.append(_INTERRUPT)
         self._wake.set()
 
@@ -87,6 +106,7 @@ class SpeechIntake:
                     while self._items and isinstance(self._items[0], np.ndarray):
                         parts.append(self._items.popleft())
                     pcm = parts[0] if len(parts) == 1 else np.concatenate(parts)
+                    self._count(-pcm.size)
                     self.pushes += 1
                     await loop.run_in_executor(self.pool, s.push_speech, pcm, self.sample_rate)
                 elif item == _END:

@@ -139,6 +139,7 @@ async def _read_speech(ws: WebSocket, intake: SpeechIntake, fmt: str) -> None:
             return
         if msg.get("bytes") is not None:
             intake.pcm(_pcm(msg["bytes"], fmt))
+            await intake.room()
         elif msg.get("text") is not None:
             d = json.loads(msg["text"])
             kind = d.get("type") if isinstance(d, dict) else None
@@ -292,6 +293,7 @@ class WsSession:
                     intake.pcm(_pcm(data, self.opts["pcm"]))
                 except ValueError as e:
                     raise _Protocol(CLOSE_POLICY, str(e)) from None
+                await intake.room()  # a client far ahead of the engine waits on the socket's flow control
                 continue
             try:
                 d = json.loads(msg.get("text") or "")
