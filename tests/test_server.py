@@ -706,6 +706,37 @@ def test_a_stalled_render_batch_ends_its_sessions_with_a_reason_and_fails_the_he
         assert httpx.get(f"{srv.url}/health", timeout=10).json()["stalled_batchers"] == []
 
 
+def test_audio_socket_malformed_message_closes_it_and_what_arrived_still_plays(server):
+    """A malformed control message on /sessions/{id}/audio closes that socket with 1008 and the
+    reason; the speech it sent before still reaches the session in full, and the session goes on."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    pcm = np.clip(np.rint(speechlike(1.0, 48000) * 32767), -32768, 32767).astype("<i2")
+
+    async def run():
+        async with connect(f"{server.ws_url}/ws", max_size=None) as ws:
+            await ws.send(json.dumps({"type": "start", "avatar": "astro", "engine": "classic"}))
+            sid = json.loads(await ws.recv())["session"]
+            async with connect(f"{server.ws_url}/sessions/{sid}/audio?sample_rate=48000&format=s16le") as audio_ws:
+                for a in range(0, pcm.size, 960):
+                    await audio_ws.send(pcm[a : a + 960].tobytes())
+                await audio_ws.send("{not json")
+                with pytest.raises(ConnectionClosed) as exc:
+                    await asyncio.wait_for(audio_ws.recv(), 10)
+            session = server.server.config.app.state.ns.sessions.get(sid)
+            taken, ended = session._current.n_src, session._current.input_ended
+            async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
+                info = (await c.get(f"/sessions/{sid}")).json()
+            await ws.send(json.dumps({"type": "close"}))
+        return exc.value.rcvd, taken, ended, info
+
+    rcvd, taken, ended, info = asyncio.run(run())
+    assert rcvd is not None and rcvd.code == 1008 and "expecting property name" in rcvd.reason.lower(), rcvd
+    assert taken == pcm.size and ended  # all of it, one utterance, ended: it plays out
+    assert info["utterances"] == 1 and info["state"] != "closed"
+
+
 def test_speak_say_and_streamed_pcm_into_a_live_session(server):
     """REST speech (upload, typed line via espeak-ng when installed) and streamed PCM over
     /sessions/{id}/audio reach a session that a WebSocket client is watching."""

@@ -53,7 +53,7 @@ class SpeechIntake:
         self._drained = asyncio.Event()
         self._drained.set()
         self._closed = False
-        self.pushes = 0  # push_speech calls made (for tests and metrics)
+        self.pushes = 0  # push_speech calls made (tests check that pushes merge)
         self.messages = 0  # PCM messages received
 
     def pcm(self, samples: np.ndarray) -> None:

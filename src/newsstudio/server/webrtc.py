@@ -184,7 +184,7 @@ class WebRtcHub:
 
             def report(e: Exception) -> None:
                 if not isinstance(e, (ValueError, SessionError)):  # the peer may be gone; the session's close handles the rest
-                    log.error("session %s: speech input failed: %s: %s", session.id, type(e).__name__, e)
+                    log.error("session %s: speech input failed", session.id, exc_info=e)
                     return
                 try:
                     channel.send(json.dumps({"type": "error", "message": str(e)}))

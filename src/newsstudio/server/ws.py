@@ -113,19 +113,25 @@ def register_ws(app: FastAPI, state: ServerState) -> None:
         intake = SpeechIntake(session, state.speech_pool, sample_rate)
         feeder = asyncio.ensure_future(intake.feed())
         reader = asyncio.ensure_future(_read_speech(ws, intake, format))
+        error: BaseException | None = None
         try:
             await asyncio.wait([reader, feeder], return_when=asyncio.FIRST_COMPLETED)
-            if reader.done():
-                reader.result()  # a malformed message raises here
-                intake.end()  # the client is gone: play out what arrived
+            if reader.done():  # the client left, or sent a malformed message
+                error = reader.exception()
+                intake.end()  # what arrived before plays out (in order, after the push in progress), then idle
                 intake.close()
-            await feeder  # a failed push raises here
-        except (ValueError, SessionError) as e:
-            await _close(ws, CLOSE_POLICY, str(e))
             try:
-                await asyncio.get_running_loop().run_in_executor(state.speech_pool, session.end_speech)
-            except SessionError:
-                pass
+                await feeder
+            except (ValueError, SessionError) as e:  # a failed push: end the utterance here instead
+                error = error or e
+                try:
+                    await asyncio.get_running_loop().run_in_executor(state.speech_pool, session.end_speech)
+                except SessionError:
+                    pass
+            if isinstance(error, (ValueError, SessionError)):
+                await _close(ws, CLOSE_POLICY, str(error))
+            elif error is not None:
+                raise error
         finally:
             reader.cancel()
             feeder.cancel()
