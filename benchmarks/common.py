@@ -144,8 +144,9 @@ def add_engine_config_args(ap: argparse.ArgumentParser) -> None:
     """--variants and --mp4, the same in every engine benchmark."""
     ap.add_argument("--variants", default=None,
                     help="engine configurations to time, ACCEL[:nchw|:cl][:nobench][:norw][:tf32|:notf32],... (first = compared with the reference)")
-    ap.add_argument("--mp4", default="veryfast", help="segment->MP4 encoding, PRESET[:WORKERS[/SEGMENT_FRAMES]]; several comma-separated "
-                    "are each timed (the first is the headline figure)")
+    ap.add_argument("--mp4", default="veryfast", help="segment->MP4 encoding, PRESET[:WORKERS[/SEGMENT_FRAMES[/THREADS]]][~RAMP]; several "
+                    "comma-separated are each timed (the first is the headline figure); ~RAMP: chunk sizes ramp up "
+                    "from and down to RAMP frames")
 
 
 def variant_list(spec: str | None) -> list[str] | None:
@@ -205,9 +206,10 @@ def mp4_options(spec: str) -> dict[str, Any]:
 
 def segment_mp4_figures(engine, packet, audio, fps: int, chunk: int, out_path: Path, specs: str, repeat: int) -> dict[str, Any]:
     """The segment streamed straight into an MP4 with audio on disk, timed per x264 config in `specs`
-    (comma-separated `mp4_options` specs, each optionally ``@MS``: Python's GIL switch interval in ms
-    during that run, to see whether the render thread waits for the GIL behind the encoder threads;
-    median of `repeat` runs each). The first config is the headline `segment_mp4_s`."""
+    (comma-separated `mp4_options` specs, each optionally ``~RAMP``: chunk sizes ramped from RAMP frames
+    up to `chunk` and back down at the end (`stream.chunk_size`), and ``@MS``: Python's GIL switch
+    interval in ms during that run, to see whether the render thread waits for the GIL behind the
+    encoder threads; median of `repeat` runs each). The first config is the headline `segment_mp4_s`."""
     from newsstudio.media.mp4_writer import Mp4Writer
     from newsstudio.stream import stream_generator
 
@@ -217,6 +219,7 @@ def segment_mp4_figures(engine, packet, audio, fps: int, chunk: int, out_path: P
         """(total s, first chunk in hand s, last chunk in hand s): the part after the last chunk is
         the encoder's tail, the span of the chunks is the render under the encoders' load."""
         spec, _, switch_ms = spec.partition("@")
+        spec, _, ramp = spec.partition("~")
         before = sys.getswitchinterval()
         if switch_ms:
             sys.setswitchinterval(float(switch_ms) / 1e3)
@@ -224,7 +227,8 @@ def segment_mp4_figures(engine, packet, audio, fps: int, chunk: int, out_path: P
             t0 = time.perf_counter()
             first = last = 0.0
             with Mp4Writer(out_path, w, h, fps, audio=audio, pixel_input="nv12", **mp4_options(spec)) as wr:
-                for ch in stream_generator(engine, packet, audio, fps=fps, chunk_frames=chunk, output="nv12"):
+                for ch in stream_generator(engine, packet, audio, fps=fps, chunk_frames=chunk, output="nv12",
+                                           ramp_frames=int(ramp or 0)):
                     last = time.perf_counter() - t0
                     first = first or last
                     wr.write(ch["frames"], owned=True)  # fresh per chunk

@@ -7,7 +7,10 @@ call from every thread of this process (CUPTI sees all of them) and returns:
 - ``gpu_busy_share``: the union of kernel/copy intervals over the window (1.0 = never idle);
 - ``top_kernels``: the device time by kernel name;
 - ``runtime``: host-side CUDA calls by name (total, count, longest): a launch or copy that
-  takes milliseconds is a thread blocked on the device or on the driver.
+  takes milliseconds is a thread blocked on the device or on the driver;
+- ``streams``: device time and busy share per CUDA stream: with the front ends on streams of their
+  own (``--front-end-streams on``), what the shared Whisper / HuBERT / LMDM calls take of the GPU
+  next to the renders.
 
 Used by `load_test.py --profile-s`.
 """
@@ -56,6 +59,9 @@ def summarize_trace(trace: dict[str, Any], seconds: float, top: int = 15) -> dic
         hi = max(e["ts"] + e["dur"] for e in dev)
         wall_us = max(wall_us, hi - lo)
     busy = _union_us([(e["ts"], e["ts"] + e["dur"]) for e in dev])
+    by_stream: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
+    for e in dev:
+        by_stream[str((e.get("args") or {}).get("stream", "?"))].append((e["ts"], e["ts"] + e["dur"]))
     return {
         "window_s": round(wall_us / 1e6, 3),
         "gpu_busy_share": round(busy / wall_us, 4) if wall_us else 0.0,
@@ -64,6 +70,9 @@ def summarize_trace(trace: dict[str, Any], seconds: float, top: int = 15) -> dic
                         for n, v in sorted(by_kernel.items(), key=lambda kv: -kv[1][0])[:top]],
         "runtime": [{"name": n, "ms": round(v[0] / 1e3, 2), "count": v[1], "max_ms": round(v[2] / 1e3, 3)}
                     for n, v in sorted(by_call.items(), key=lambda kv: -kv[1][0])[:top]],
+        "streams": [{"stream": n, "ms": round(sum(b - a for a, b in iv) / 1e3, 2), "count": len(iv),
+                     "busy_share": round(_union_us(iv) / wall_us, 4) if wall_us else 0.0}
+                    for n, iv in sorted(by_stream.items(), key=lambda kv: -sum(b - a for a, b in kv[1]))],
     }
 
 
@@ -84,6 +93,8 @@ def print_summary(s: dict[str, Any], file: Any = None) -> None:
     print(f"GPU busy {s['gpu_busy_share']:.1%} of {s['window_s']} s ({s['device_ms_total']} ms of kernels and copies)", file=file)
     for k in s["top_kernels"]:
         print(f"  {k['ms']:9.2f} ms {k['count']:6d}x  {k['name']}", file=file)
+    for st in s.get("streams", []):
+        print(f"  stream {st['stream']}: {st['ms']:9.2f} ms in {st['count']} kernels and copies, busy {st['busy_share']:.1%}", file=file)
     print("CUDA runtime calls (all threads):", file=file)
     for c in s["runtime"]:
         print(f"  {c['ms']:9.2f} ms {c['count']:6d}x  max {c['max_ms']:8.3f} ms  {c['name']}", file=file)

@@ -96,10 +96,11 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
     base_prebuffer = getattr(cfg, "prebuffer_s", 0.0)
     out = []
     on_clock = args.send_on_clock if cfg is not None and args.send_on_clock else [None]
-    for si, lead, paced, ahead, in_flight, own in itertools.product(
+    for si, lead, paced, ahead, in_flight, own, rows in itertools.product(
             values(args.switch_intervals, float, local=False), values(args.render_leads, float), on_clock,
-            values(args.render_aheads, int), values(args.render_in_flight, int), front_end):
-        def apply(si=si, lead=lead, paced=paced, ahead=ahead, in_flight=in_flight, own=own) -> None:
+            values(args.render_aheads, int), values(args.render_in_flight, int), front_end,
+            values(args.live_update_rows, int)):
+        def apply(si=si, lead=lead, paced=paced, ahead=ahead, in_flight=in_flight, own=own, rows=rows) -> None:
             if si is not None:
                 sys.setswitchinterval(si)  # the server's GIL hand-off (it runs in this process)
             if lead is not None:
@@ -115,6 +116,10 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
             if own is not None:
                 cfg.front_end_streams = own
                 state.engines.set_front_end_streams(own)
+            if rows is not None:  # read by each new MuseTalk conditioner (one per utterance)
+                from newsstudio.engines.musetalk import engine as musetalk_engine
+
+                musetalk_engine.LIVE_UPDATE_ROWS = rows
 
         label = ", ".join(part for part in (
             f"switch interval {(si if si is not None else sys.getswitchinterval()) * 1e3:g} ms",
@@ -122,9 +127,19 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
             None if paced is None else f"sent {'on the clock' if paced else 'when ready'}",
             None if ahead is None else f"render ahead {ahead} frames",
             None if in_flight is None else f"render batches in flight {in_flight or 'unbounded'}",
-            None if own is None else f"front-end streams {'on' if own else 'off'}") if part)
+            None if own is None else f"front-end streams {'on' if own else 'off'}",
+            None if rows is None else f"MuseTalk features every {rows * 20} ms") if part)
         out.append((label, apply))
     return out
+
+
+def live_update_rows() -> int | None:
+    """MuseTalk's live feature step in force in this process (None where MuseTalk cannot load)."""
+    try:
+        from newsstudio.engines.musetalk import engine as musetalk_engine
+    except ImportError:
+        return None
+    return musetalk_engine.LIVE_UPDATE_ROWS
 
 
 def load_speech(path: str | None) -> tuple[np.ndarray, int]:
@@ -405,6 +420,9 @@ def main() -> None:
     ap.add_argument("--render-in-flight", default=None,
                     help="comma-separated ServerConfig.render_in_flight values (shared render batches on the GPU at "
                          "once; 0: no bound): each level runs under each (server started here)")
+    ap.add_argument("--live-update-rows", default=None,
+                    help="comma-separated MuseTalk live feature update steps in 20 ms Whisper rows, each a level "
+                         "(the engine's LIVE_UPDATE_ROWS: one 30 s re-encode per step per stream)")
     ap.add_argument("--prebuffer-ms", type=float, default=None,
                     help="ServerConfig.prebuffer_s (the speech a session holds before going on air, ms; "
                          "--render-aheads raise it to at least their frames' time; server started here)")
@@ -454,7 +472,8 @@ def main() -> None:
                      "render_ahead": getattr(server_cfg, "render_ahead", 0),  # 0: a server elsewhere (unknown)
                      "prebuffer_ms": getattr(server_cfg, "prebuffer_s", 0.0) * 1e3,
                      "render_in_flight": getattr(server_cfg, "render_in_flight", 0),
-                     "front_end_streams": bool(getattr(server_cfg, "front_end_streams", False))})
+                     "front_end_streams": bool(getattr(server_cfg, "front_end_streams", False)),
+                     "live_update_rows": live_update_rows() if server_cfg is not None else None})
         r = rows[-1]
         print(f"[{time.monotonic() - t0:.0f} s] {n} sessions: {r['sustained']} sustained, {r['errors']} errors {r['error_samples'] or ''}",
               file=sys.stderr)

@@ -6,15 +6,18 @@ import pytest
 from benchmarks.gpu_timeline import summarize_trace
 
 
-def _x(cat: str, name: str, ts: float, dur: float) -> dict:
-    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+def _x(cat: str, name: str, ts: float, dur: float, stream: int | None = None) -> dict:
+    e = {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+    if stream is not None:
+        e["args"] = {"stream": stream}
+    return e
 
 
 def test_gpu_busy_share_counts_overlapping_kernels_once_and_idle_gaps_not_at_all():
     trace = {"traceEvents": [
-        _x("kernel", "gemm", 0, 400_000),          # 0.0-0.4 s
-        _x("kernel", "splice", 300_000, 200_000),  # 0.3-0.5 s, overlaps on another stream
-        _x("gpu_memcpy", "Memcpy DtoH", 800_000, 200_000),  # 0.8-1.0 s
+        _x("kernel", "gemm", 0, 400_000, stream=7),          # 0.0-0.4 s
+        _x("kernel", "splice", 300_000, 200_000, stream=13),  # 0.3-0.5 s, overlaps on another stream
+        _x("gpu_memcpy", "Memcpy DtoH", 800_000, 200_000, stream=7),  # 0.8-1.0 s
         _x("cuda_runtime", "cudaGraphLaunch", 0, 50),
         _x("cuda_runtime", "cudaStreamSynchronize", 10, 30_000),
         _x("cuda_runtime", "cudaStreamSynchronize", 90, 10_000),
@@ -26,6 +29,8 @@ def test_gpu_busy_share_counts_overlapping_kernels_once_and_idle_gaps_not_at_all
     assert [k["name"] for k in s["top_kernels"]] == ["gemm", "splice", "Memcpy DtoH"]
     sync = next(c for c in s["runtime"] if c["name"] == "cudaStreamSynchronize")
     assert (sync["count"], sync["ms"], sync["max_ms"]) == (2, 40.0, 30.0)
+    assert [(st["stream"], st["ms"], st["count"], st["busy_share"]) for st in s["streams"]] == [
+        ("7", 600.0, 2, pytest.approx(0.6)), ("13", 200.0, 1, pytest.approx(0.2))]
 
 
 def test_the_load_test_sweeps_server_settings_on_one_running_server(tmp_path):

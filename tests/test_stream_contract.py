@@ -43,6 +43,23 @@ def test_chunk_contract(astronaut_packet, fps, sr, seconds, chunk):
     assert np.array_equal(audio, pcm), "audio slices must concatenate back to the input exactly"
 
 
+def test_ramped_chunks_start_and_end_small_and_render_the_same_frames(astronaut_packet):
+    """What an MP4 writer relies on with ramp_frames: small first and last chunks, large ones in
+    between, and the same frames and audio as fixed-size chunks."""
+    sr, fps = 16000, 25
+    pcm = _speechlike(6.6, sr)  # 165 frames
+    fixed = list(stream_classic_generator(astronaut_packet, (pcm, sr), fps=fps, chunk_frames=32))
+    ramped = list(stream_classic_generator(astronaut_packet, (pcm, sr), fps=fps, chunk_frames=32, ramp_frames=8))
+    assert [c["num_frames"] for c in fixed] == [32, 32, 32, 32, 32, 5]
+    assert [c["num_frames"] for c in ramped] == [8, 16, 32, 32, 32, 16, 8, 8, 8, 5]
+    assert [c["frame_start"] for c in ramped] == list(np.cumsum([0] + [c["num_frames"] for c in ramped])[:-1])
+    assert torch.equal(torch.cat([c["frames"] for c in ramped]), torch.cat([c["frames"] for c in fixed]))
+    assert np.array_equal(np.concatenate([c["audio"] for c in ramped], axis=1), pcm)
+    assert [c["is_last"] for c in ramped].count(True) == 1 and ramped[-1]["is_last"]
+    with pytest.raises(ValueError, match="ramp_frames"):
+        stream_classic_generator(astronaut_packet, (pcm, sr), fps=fps, chunk_frames=8, ramp_frames=16)
+
+
 def test_rgb_output(astronaut_packet):
     pcm = _speechlike(0.5, 16000)
     chunks = list(stream_generator("classic", astronaut_packet, (pcm, 16000), fps=25, chunk_frames=4, output="rgb"))

@@ -142,17 +142,23 @@ def stream_generator(
     keep_on_device: bool = False,
     sample_rate: int | None = None,
     prefetch: int = 2,
+    ramp_frames: int = 0,
 ) -> Iterator[dict[str, Any]]:
     """Stream lip-synced frames chunk by chunk (see the module docstring for the chunk dict).
 
     audio: a path, an `Audio`, an (array, sample_rate) pair, or an iterator of PCM chunks
     (numpy arrays with `sample_rate=`, or `Audio` objects) arriving live; with an iterator the
     first chunk is yielded as soon as enough audio for it has arrived.
+
+    ramp_frames > 0: chunk sizes ramp (see :func:`chunk_size`) so a consumer that pipelines
+    (an MP4 encoder) gets its first frames sooner and waits less after the last ones.
     """
     if output not in ("nv12", "rgb"):
         raise ValueError(f"output must be 'nv12' or 'rgb', got {output!r}")
     if chunk_frames < 1:
         raise ValueError("chunk_frames must be >= 1")
+    if not 0 <= ramp_frames <= chunk_frames:
+        raise ValueError(f"ramp_frames must be in [0, chunk_frames={chunk_frames}], got {ramp_frames}")
     eng = resolve_engine(engine, device)
     packet = resolve_avatar(avatar)
     layer = eng.load_avatar(packet)
@@ -162,7 +168,24 @@ def stream_generator(
     # so file renders equal the official whole-file features); live input is taken as it comes.
     source = AudioSource(audio, eng.sample_rate, sample_rate=sample_rate, block_s=getattr(eng, "file_block_s", 0.5))
     session = StreamSession(eng, layer, background, fr)
-    return _run(session, source, fr, chunk_frames, output, keep_on_device, prefetch)
+    return _run(session, source, fr, chunk_frames, output, keep_on_device, prefetch, ramp_frames)
+
+
+def chunk_size(chunk_idx: int, chunk_frames: int, ramp_frames: int = 0, remaining: int | None = None) -> int:
+    """Frames in chunk `chunk_idx` (before clipping to what is left or ready).
+
+    Without a ramp every chunk is `chunk_frames`. With one, chunk sizes start at `ramp_frames` and
+    double up to `chunk_frames`; once the frames left are known, no chunk takes more than half of
+    them (a multiple of `ramp_frames`, at least `ramp_frames`), so the last chunks shrink the same
+    way. Why: whoever consumes the chunks in a pipeline (x264 segments) idles until the first chunk
+    is in and finishes its work on the last one after the render is done, so both ends should be
+    small; in between, large chunks keep the renderer at its batch efficiency."""
+    if ramp_frames <= 0:
+        return chunk_frames
+    n = min(chunk_frames, ramp_frames << min(chunk_idx, 30))
+    if remaining is not None:
+        n = min(n, max(ramp_frames, remaining // 2 // ramp_frames * ramp_frames))
+    return n
 
 
 def background_for(engine: Engine, packet: Packet) -> BackgroundFrames:
@@ -174,10 +197,11 @@ def background_for(engine: Engine, packet: Packet) -> BackgroundFrames:
     return cache[key]
 
 
-def _run(session: StreamSession, source: AudioSource, fps: Fraction, chunk_frames: int, output: Output, keep_on_device: bool, prefetch: int) -> Iterator[dict[str, Any]]:
+def _run(session: StreamSession, source: AudioSource, fps: Fraction, chunk_frames: int, output: Output, keep_on_device: bool, prefetch: int,
+         ramp_frames: int = 0) -> Iterator[dict[str, Any]]:
     q: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
     stop = threading.Event()
-    worker = _RENDER_POOL.submit(_produce, session, source, fps, chunk_frames, output, keep_on_device, q, stop)
+    worker = _RENDER_POOL.submit(_produce, session, source, fps, chunk_frames, output, keep_on_device, q, stop, ramp_frames)
     try:
         while True:
             item = q.get()
@@ -208,7 +232,8 @@ def _put(q: queue.Queue, item: Any, stop: threading.Event) -> bool:
     return False
 
 
-def _produce(session: StreamSession, source: AudioSource, fps: Fraction, chunk_frames: int, output: Output, keep_on_device: bool, q: queue.Queue, stop: threading.Event) -> None:
+def _produce(session: StreamSession, source: AudioSource, fps: Fraction, chunk_frames: int, output: Output, keep_on_device: bool, q: queue.Queue, stop: threading.Event,
+             ramp_frames: int = 0) -> None:
     try:
         frame_start = 0
         chunk_idx = 0
@@ -218,9 +243,13 @@ def _produce(session: StreamSession, source: AudioSource, fps: Fraction, chunk_f
         sr = source.sample_rate
         dev = session.layer.device
         copy_stream = torch.cuda.Stream(device=dev) if dev.type == "cuda" else None
+        # the frame count for planning chunk sizes: known up front for a whole input, at its end for a live one
+        expected = None if source.total_samples is None else frames_for_samples(source.total_samples, sr, fps)
         while not stop.is_set():
+            known = total if total is not None else expected
+            want = chunk_size(chunk_idx, chunk_frames, ramp_frames, None if known is None else known - frame_start)
             # Feed audio until a full chunk is ready or the input has ended.
-            while drv.ready < chunk_frames and total is None:
+            while drv.ready < want and total is None:
                 block = source.pull()
                 if block is not None and block.size:
                     cond.push(block)
@@ -236,7 +265,9 @@ def _produce(session: StreamSession, source: AudioSource, fps: Fraction, chunk_f
             remaining = None if total is None else total - frame_start
             if remaining is not None and remaining <= 0:
                 break
-            n = min(chunk_frames, available) if remaining is None else min(chunk_frames, remaining)
+            known = total if total is not None else expected
+            want = chunk_size(chunk_idx, chunk_frames, ramp_frames, None if known is None else known - frame_start)
+            n = min(want, available) if remaining is None else min(want, remaining)
             if n <= 0:
                 break
             if n > available:  # engine produced fewer frames than the audio spans: hold the last

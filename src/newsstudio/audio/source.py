@@ -57,16 +57,20 @@ class AudioSource:
         self.model_rate = model_rate
         self._iter: Iterator[Audio]
         self.live = False
+        self.total_samples: int | None = None  # known up front for a whole input, None for a live one
         if isinstance(audio, (str, os.PathLike)):
             a = load_audio(audio)
             self._iter = _blocks(a, block_s)
+            self.total_samples = a.samples.shape[1]
             self.sample_rate, self.channels = a.sample_rate, a.samples.shape[0]
         elif isinstance(audio, Audio):
             self._iter = _blocks(audio, block_s)
+            self.total_samples = audio.samples.shape[1]
             self.sample_rate, self.channels = audio.sample_rate, audio.samples.shape[0]
         elif isinstance(audio, tuple) and len(audio) == 2 and isinstance(audio[1], (int, np.integer)):
             a = audio_from_array(audio[0], int(audio[1]))
             self._iter = _blocks(a, block_s)
+            self.total_samples = a.samples.shape[1]
             self.sample_rate, self.channels = a.sample_rate, a.samples.shape[0]
         else:
             self.live = True
