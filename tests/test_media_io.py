@@ -581,6 +581,8 @@ def test_writer_argument_errors(tmp_path):
         Mp4Writer(tmp_path / "x.mp4", 63, 48, 25)
     with pytest.raises(ValueError, match="pixel_input"):
         Mp4Writer(tmp_path / "x.mp4", 64, 48, 25, pixel_input="bgr")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="preset must be one of ultrafast"):
+        Mp4Writer(tmp_path / "x.mp4", 64, 48, 25, preset="turbo")
     with pytest.raises(TypeError, match="uint8"):
         with Mp4Writer(tmp_path / "x.mp4", 64, 48, 25) as w:
             w.write(np.zeros((1, 72, 64), np.float32))

@@ -49,6 +49,20 @@ def test_unknown_accel_mode_is_refused_before_any_work(tmp_path, astronaut_packe
     assert not out.exists()
 
 
+def test_preset_is_used_and_an_unknown_one_is_refused_before_any_work(tmp_path, astronaut_packet):
+    out = tmp_path / "fast.mp4"
+    args = ["render", "--avatar", str(astronaut_packet.path), "--audio", "builtin:hello", "--device", "cpu"]
+    r = CliRunner().invoke(app, [*args, "-o", str(out), "--preset", "ultrafast"])
+    assert r.exit_code == 0, r.output
+    with av.open(str(out)) as c:  # x264 writes its settings into the stream's SEI
+        first = bytes(next(iter(c.demux(video=0))))
+    assert b"x264" in first and b"subme=0" in first, "ultrafast runs subme=0"
+    bad = tmp_path / "bad.mp4"
+    r = CliRunner().invoke(app, [*args, "-o", str(bad), "--preset", "turbo"])
+    assert r.exit_code == 2 and "--preset must be one of ultrafast" in r.output, r.output
+    assert not bad.exists() and "engine" not in r.output
+
+
 def test_engine_options_pick_compile_only_for_a_long_running_cuda_process():
     from newsstudio.engines.registry import engine_options
 

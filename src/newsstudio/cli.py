@@ -159,6 +159,8 @@ def render(
     avatars: Optional[Path] = AvatarsOpt,
     chunk: int = typer.Option(16, help="Frames per batch."),
     crf: int = typer.Option(18, help="H.264 quality (lower is better)."),
+    preset: str = typer.Option("veryfast", help="x264 speed preset, ultrafast ... veryslow (faster = larger file at the "
+                                                "same --crf; the benchmarks time ultrafast)."),
     encode_workers: int = typer.Option(0, help="Parallel x264 segment encoders (0 = auto: half the CPU cores, at most 8; "
                                               "1 = one encoder, smallest file)."),
     accel: str = AccelOpt,
@@ -171,9 +173,11 @@ def render(
     from .builtin import builtin_audio, is_builtin
     from .media.audio import load_audio
     from .media.errors import MediaError
-    from .media.mp4_writer import Mp4Writer
+    from .media.mp4_writer import X264_PRESETS, Mp4Writer
     from .stream import stream_generator
 
+    if preset not in X264_PRESETS:  # before the engine loads (minutes on a GPU)
+        _fail(f"--preset must be one of {', '.join(X264_PRESETS)}, got {preset!r}")
     t0 = time.perf_counter()
     try:
         audio_path = builtin_audio(audio) if is_builtin(audio) else Path(audio)
@@ -187,7 +191,7 @@ def render(
         n = 0
         first = None
         workers = encode_workers or max(1, min(8, (os.cpu_count() or 1) // 2))
-        with Mp4Writer(output, w, h, fps, audio=sound, crf=crf, pixel_input="nv12", workers=workers) as writer:
+        with Mp4Writer(output, w, h, fps, audio=sound, crf=crf, preset=preset, pixel_input="nv12", workers=workers) as writer:
             bar = tqdm(total=total, unit="f", desc=f"render {eng.name}", file=sys.stderr)
             t_start = time.perf_counter()
             for ch in stream_generator(eng, packet, sound, fps=fps, chunk_frames=chunk, output="nv12"):

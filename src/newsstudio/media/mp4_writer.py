@@ -50,9 +50,11 @@ from ._container import ffmpeg_reason
 from .audio import Audio
 from .errors import MediaEncodeError
 
-__all__ = ["Mp4Writer", "encode_clip", "as_frame_rate", "AAC_SAMPLE_RATES"]
+__all__ = ["Mp4Writer", "encode_clip", "as_frame_rate", "AAC_SAMPLE_RATES", "X264_PRESETS"]
 
 #: Sample rates FFmpeg's AAC encoder accepts.
+#: libx264's speed presets, fastest first.
+X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow", "slower", "veryslow", "placebo")
 AAC_SAMPLE_RATES = (7350, 8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000, 64000, 88200, 96000)
 _AAC_LAYOUTS = {1: "mono", 2: "stereo", 3: "3.0", 4: "quad", 5: "5.0", 6: "5.1", 7: "6.1", 8: "7.1"}
 _AAC_FRAME = 1024
@@ -156,6 +158,8 @@ class Mp4Writer:
             raise ValueError(f"pixel_input must be 'nv12' or 'rgb', got {pixel_input!r}")
         if not 0 <= int(crf) <= 51:
             raise ValueError(f"crf must be in 0..51, got {crf}")
+        if preset not in X264_PRESETS:
+            raise ValueError(f"preset must be one of {', '.join(X264_PRESETS)}, got {preset!r}")
         self.path = Path(path)
         self.width, self.height = int(width), int(height)
         self.fps = as_frame_rate(fps)
