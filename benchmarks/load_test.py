@@ -96,11 +96,13 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
     base_prebuffer = getattr(cfg, "prebuffer_s", 0.0)
     out = []
     on_clock = args.send_on_clock if cfg is not None and args.send_on_clock else [None]
-    for si, lead, paced, ahead, in_flight, own, rows in itertools.product(
+    compose = args.compose_in_batch if cfg is not None and args.compose_in_batch else [None]
+    for si, lead, paced, ahead, in_flight, own, rows, fused in itertools.product(
             values(args.switch_intervals, float, local=False), values(args.render_leads, float), on_clock,
             values(args.render_aheads, int), values(args.render_in_flight, int), front_end,
-            values(args.live_update_rows, int)):
-        def apply(si=si, lead=lead, paced=paced, ahead=ahead, in_flight=in_flight, own=own, rows=rows) -> None:
+            values(args.live_update_rows, int), compose):
+        def apply(si=si, lead=lead, paced=paced, ahead=ahead, in_flight=in_flight, own=own, rows=rows,
+                  fused=fused) -> None:
             if si is not None:
                 sys.setswitchinterval(si)  # the server's GIL hand-off (it runs in this process)
             if lead is not None:
@@ -116,6 +118,9 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
             if own is not None:
                 cfg.front_end_streams = own
                 state.engines.set_front_end_streams(own)
+            if fused is not None:  # read by each new session
+                cfg.compose_in_batch = fused
+                state.engines.compose_in_batch = fused
             if rows is not None:  # read by each new MuseTalk conditioner (one per utterance)
                 from newsstudio.engines.musetalk import engine as musetalk_engine
 
@@ -128,7 +133,8 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
             None if ahead is None else f"render ahead {ahead} frames",
             None if in_flight is None else f"render batches in flight {in_flight or 'unbounded'}",
             None if own is None else f"front-end streams {'on' if own else 'off'}",
-            None if rows is None else f"MuseTalk features every {rows * 20} ms") if part)
+            None if rows is None else f"MuseTalk features every {rows * 20} ms",
+            None if fused is None else f"compose in batch {'on' if fused else 'off'}") if part)
         out.append((label, apply))
     return out
 
@@ -420,6 +426,9 @@ def main() -> None:
     ap.add_argument("--render-in-flight", default=None,
                     help="comma-separated ServerConfig.render_in_flight values (shared render batches on the GPU at "
                          "once; 0: no bound): each level runs under each (server started here)")
+    ap.add_argument("--compose-in-batch", default=None,
+                    help="off, on or off,on: sessions' splice + copy-out in the render batcher's worker "
+                         "(ServerConfig.compose_in_batch), each a level")
     ap.add_argument("--live-update-rows", default=None,
                     help="comma-separated MuseTalk live feature update steps in 20 ms Whisper rows, each a level "
                          "(the engine's LIVE_UPDATE_ROWS: one 30 s re-encode per step per stream)")
@@ -436,6 +445,7 @@ def main() -> None:
     args = ap.parse_args()
     args.front_end_streams = on_off_list(args.front_end_streams)  # checked before a server starts
     args.send_on_clock = on_off_list(args.send_on_clock, "--send-on-clock")
+    args.compose_in_batch = on_off_list(args.compose_in_batch, "--compose-in-batch")
     t0 = time.monotonic()
     args.sessions = [int(x) for x in args.sessions.split(",") if x]
     pcm, sr = load_speech(args.speech)
@@ -473,7 +483,8 @@ def main() -> None:
                      "prebuffer_ms": getattr(server_cfg, "prebuffer_s", 0.0) * 1e3,
                      "render_in_flight": getattr(server_cfg, "render_in_flight", 0),
                      "front_end_streams": bool(getattr(server_cfg, "front_end_streams", False)),
-                     "live_update_rows": live_update_rows() if server_cfg is not None else None})
+                     "live_update_rows": live_update_rows() if server_cfg is not None else None,
+                     "compose_in_batch": getattr(server_cfg, "compose_in_batch", None)})
         r = rows[-1]
         print(f"[{time.monotonic() - t0:.0f} s] {n} sessions: {r['sustained']} sustained, {r['errors']} errors {r['error_samples'] or ''}",
               file=sys.stderr)

@@ -505,3 +505,74 @@ def test_a_batcher_switched_between_its_own_stream_and_the_shared_one_keeps_ever
                 torch.testing.assert_close(o, slow(x))
     finally:
         b.close()
+
+
+def test_finish_runs_in_the_worker_right_after_its_batch_and_fails_only_its_request():
+    """What a live session relies on when its splice and copy-out ride on its render request: each
+    request's `finish` gets that request's own result, runs on the worker thread before the next
+    batch starts, and an error in one finish reaches only that caller."""
+    log: list[str] = []
+    worker: list[str] = []
+
+    def run_many(items: list[int]) -> list[int]:
+        log.append(f"batch {items}")
+        return [x * 10 for x in items]
+
+    def finish(tag: str):
+        def f(out: int) -> tuple[str, int]:
+            worker.append(threading.current_thread().name)
+            log.append(f"finish {tag}")
+            if tag == "bad":
+                raise ValueError("splice failed")
+            return tag, out
+        return f
+
+    b: Batcher[int, int] = Batcher(run_many, lambda x: 1, max_frames=2, autostart=False, name="finisher")
+    futures = [b.submit(1, finish("a")), b.submit(2, finish("bad")), b.submit(3), b.submit(4, finish("d"))]
+    b.start()
+    assert futures[0].result(timeout=10) == ("a", 10)
+    with pytest.raises(ValueError, match="splice failed"):
+        futures[1].result(timeout=10)
+    assert futures[2].result(timeout=10) == 30  # no finish: the plain result
+    assert futures[3].result(timeout=10) == ("d", 40)
+    b.close()
+    assert log == ["batch [1, 2]", "finish a", "finish bad", "batch [3, 4]", "finish d"]
+    assert set(worker) == {"finisher"}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_sessions_composing_in_the_render_batcher_get_the_frames_they_get_alone(two_layers):
+    """On CUDA a session that renders through a RenderBatcher has its splice and copy-out run by the
+    batcher (`StreamSession.render_frames_host`): the frames must equal the plain path's, byte for
+    byte, for several sessions at once on two avatars."""
+    from fractions import Fraction
+
+    from newsstudio.stream import StreamSession, background_for
+
+    eng = ClassicEngine(device="cuda")
+    layers = [eng.load_avatar(p) for p in two_layers]
+    batcher = RenderBatcher(eng)
+    reqs = _requests(eng, layers, [8, 6, 8, 5])
+    expected, got = [], [None] * len(reqs)
+    for layer, d, idx in reqs:
+        plain = StreamSession(eng, layer, background_for(eng, layer.packet), Fraction(25))
+        expected.append(plain.render_frames(int(idx[0]), d.cuda(), "nv12").cpu())
+
+    def run(k: int) -> None:
+        layer, d, idx = reqs[k]
+        s = StreamSession(eng, layer, background_for(eng, layer.packet), Fraction(25), renderer=batcher)
+        host, done = s.render_frames_host(int(idx[0]), d.cuda(), "nv12")
+        assert done is not None and host.device.type == "cpu" and host.is_pinned()
+        done.synchronize()
+        got[k] = host
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(reqs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    batcher.close()
+    assert batcher.stats.requests == len(reqs)
+    for g, e in zip(got, expected):
+        assert g is not None and torch.equal(g, e)
+    assert not torch.equal(expected[0][:5], expected[2][:5])  # the sessions differ: the test can fail

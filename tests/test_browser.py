@@ -393,7 +393,7 @@ def test_page_says_when_the_server_has_stalled(tmp_path):
         engines = app.state.ns.engines
         _, eng = engines.get("classic")
         eng.render_many = lambda items: gate.wait(60) and []  # the device never finishes this batch
-        render_batcher = engines.renderer("classic").__self__  # made as the first live session makes it
+        render_batcher = engines.render_batcher("classic")  # made as the first live session makes it
         render_batcher.submit(None, None, torch.zeros(1))
         try:
             async def run():

@@ -840,9 +840,11 @@ class LiveSession:
         if kind == "idle" and idle is not None:
             return [idle.frame(i, stream) for i in range(k, k + m)]
         t0 = time.perf_counter()
-        frames = stream.idle_frames(k, m, "nv12") if kind == "idle" else stream.render_frames(k, driving, "nv12")
+        # to pinned memory, waited on through an event: a pageable copy would stall every thread's launches
+        frames, done = stream.idle_frames_host(k, m, "nv12") if kind == "idle" else stream.render_frames_host(k, driving, "nv12")
         t1 = time.perf_counter()
-        frames = to_host(frames)  # pinned + event: a pageable copy would stall every thread's launches
+        if done is not None:
+            done.synchronize()
         s = self.stats
         s.renders += 1
         s.render_call_s += t1 - t0

@@ -23,6 +23,7 @@ import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from collections.abc import Callable, Iterator
 from fractions import Fraction
 from pathlib import Path
@@ -36,7 +37,9 @@ from .avatar.packet import Packet
 from .compose.banner import random_weights_banner
 from .compose.colour import nv12_to_rgb
 from .compose.splice import splice_nv12
+from .accel.host_copy import to_host_async
 from .engines.base import AvatarLayer, Engine, pingpong_index
+from .engines.batching import RenderBatcher
 
 Output = Literal["nv12", "rgb"]
 _DONE = object()
@@ -64,12 +67,14 @@ class StreamSession:
     """Per-stream state: one conditioner + driver + frame counter over a loaded avatar layer.
 
     ``renderer``: what renders the ROIs, ``engine.render`` by default; a server passes its
-    `RenderBatcher.render` so concurrent sessions share GPU batches."""
+    `RenderBatcher` so concurrent sessions share GPU batches (and, on CUDA, each request's splice
+    and copy-out run in the batcher's worker right after its batch: `render_frames_host`)."""
 
     def __init__(self, engine: Engine, layer: AvatarLayer, background: BackgroundFrames, fps: Fraction,
-                 renderer: Callable[[AvatarLayer, torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
+                 renderer: RenderBatcher | Callable[[AvatarLayer, torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
         self.engine = engine
-        self.renderer = renderer or engine.render
+        self.batcher = renderer if isinstance(renderer, RenderBatcher) else None
+        self.renderer = self.batcher.render if self.batcher is not None else (renderer or engine.render)
         self.layer = layer
         self.background = background
         self.fps = fps
@@ -83,12 +88,12 @@ class StreamSession:
         if n:
             self.driver.push(self.conditioner.take(n))
 
+    def _index(self, frame_start: int, n: int) -> torch.Tensor:
+        return pingpong_index(torch.arange(frame_start, frame_start + n, device=self.layer.device), self.layer.n_frames)
+
     @torch.inference_mode()
-    def render_frames(self, frame_start: int, driving: torch.Tensor, output: Output) -> torch.Tensor:
-        n = int(driving.shape[0])
-        dev = self.layer.device
-        idx = pingpong_index(torch.arange(frame_start, frame_start + n, device=dev), self.layer.n_frames)
-        rois = self.renderer(self.layer, driving, idx)
+    def _compose(self, rois: torch.Tensor, idx: torch.Tensor, output: Output) -> torch.Tensor:
+        """The rendered faces spliced into their background frames, banner drawn, as `output`."""
         bg = self.background.gather(idx)
         frames = splice_nv12(bg, rois, self.layer.masks.index_select(0, idx), self.layer.origins.index_select(0, idx), out=bg)
         if self.banner is not None:
@@ -97,14 +102,44 @@ class StreamSession:
             frames = nv12_to_rgb(frames)
         return frames
 
+    def _compose_to_host(self, idx: torch.Tensor, output: Output, rois: torch.Tensor) -> tuple[torch.Tensor, "torch.cuda.Event | None"]:
+        return to_host_async(self._compose(rois, idx, output))
+
+    @torch.inference_mode()
+    def render_frames(self, frame_start: int, driving: torch.Tensor, output: Output) -> torch.Tensor:
+        idx = self._index(frame_start, int(driving.shape[0]))
+        return self._compose(self.renderer(self.layer, driving, idx), idx, output)
+
+    @torch.inference_mode()
+    def render_frames_host(self, frame_start: int, driving: torch.Tensor, output: Output) -> tuple[torch.Tensor, "torch.cuda.Event | None"]:
+        """`render_frames` on its way to the CPU: ``(host, done)`` as `accel.host_copy.to_host_async`
+        gives them (wait on ``done`` before reading ``host``). With a shared `RenderBatcher` on CUDA the
+        splice and the copy are the batcher's ``finish``, so they follow this request's batch on the
+        GPU instead of queueing behind the batches launched while this thread waited."""
+        if self.batcher is None or self.layer.device.type != "cuda":
+            return to_host_async(self.render_frames(frame_start, driving, output))
+        idx = self._index(frame_start, int(driving.shape[0]))
+        return self.batcher.render(self.layer, driving, idx, finish=partial(self._compose_to_host, idx, output))
+
     @torch.inference_mode()
     def idle_frames(self, frame_start: int, n: int, output: Output) -> torch.Tensor:
         """The avatar loop with a closed mouth (no speech), e.g. between utterances."""
         driving = self.engine.idle_driving(n)
         if driving is not None:
             return self.render_frames(frame_start, driving, output)
-        idx = pingpong_index(torch.arange(frame_start, frame_start + n, device=self.layer.device), self.layer.n_frames)
-        frames = self.background.gather(idx)  # a fresh tensor: safe to draw the banner on
+        return self._still_frames(frame_start, n, output)
+
+    @torch.inference_mode()
+    def idle_frames_host(self, frame_start: int, n: int, output: Output) -> tuple[torch.Tensor, "torch.cuda.Event | None"]:
+        """`idle_frames` on its way to the CPU, like `render_frames_host`."""
+        driving = self.engine.idle_driving(n)
+        if driving is not None:
+            return self.render_frames_host(frame_start, driving, output)
+        return to_host_async(self._still_frames(frame_start, n, output))
+
+    def _still_frames(self, frame_start: int, n: int, output: Output) -> torch.Tensor:
+        """The avatar loop as it is (engines without an idle driving signal)."""
+        frames = self.background.gather(self._index(frame_start, n))  # a fresh tensor: safe to draw the banner on
         if self.banner is not None:
             self.banner.apply_(frames)
         return nv12_to_rgb(frames) if output == "rgb" else frames

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["to_device", "tensor_on", "to_host"]
+__all__ = ["to_device", "tensor_on", "to_host", "to_host_async"]
 
 
 def to_device(x: torch.Tensor, device: torch.device | str, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -39,14 +39,23 @@ def tensor_on(values: Sequence[float] | Sequence[int] | Sequence[bool], device: 
     return to_device(torch.tensor(values, dtype=dtype), device)
 
 
-def to_host(x: torch.Tensor) -> torch.Tensor:
-    """``x`` on the CPU: a CUDA tensor is copied into pinned memory and this thread sleeps on an
-    event until that copy (and the work before it on the stream) is done."""
+def to_host_async(x: torch.Tensor) -> tuple[torch.Tensor, "torch.cuda.Event | None"]:
+    """``(host, done)``: a CUDA tensor's copy into pinned memory, queued on the current stream, and
+    the event recorded after it; ``host`` holds the bytes once ``done.synchronize()`` returns (any
+    thread may wait on it). A CPU tensor comes back as is, with ``done`` None."""
     if x.device.type != "cuda":
-        return x
+        return x, None
     out = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
     out.copy_(x, non_blocking=True)
     done = torch.cuda.Event(blocking=True)  # sleep, do not spin: many session threads wait at once
     done.record(torch.cuda.current_stream(x.device))
-    done.synchronize()
+    return out, done
+
+
+def to_host(x: torch.Tensor) -> torch.Tensor:
+    """``x`` on the CPU: a CUDA tensor is copied into pinned memory and this thread sleeps on an
+    event until that copy (and the work before it on the stream) is done."""
+    out, done = to_host_async(x)
+    if done is not None:
+        done.synchronize()
     return out

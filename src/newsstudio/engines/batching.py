@@ -32,6 +32,12 @@ caller's stream at submit), waits for its own batch to finish, and marks each ou
 (``record_stream``) before handing it over: callers get finished tensors and the memory is not
 reused under them.
 
+``finish`` (per request): a function the worker applies to that request's result right after its
+batch, before the next batch is launched. Why: a live session splices its faces into its frames and
+copies them out; done on the session's own thread, that work is queued on the shared stream *behind*
+whatever batch the worker launched meanwhile, so every chunk waited one more batch. Run in the
+worker, it follows its own batch directly. A failing ``finish`` fails only its request.
+
 ``stall_s``: a batch that has run longer than this is a stall (a wedged GPU stream: an H200 server
 once kept one batch of Ditto's motion batcher waiting in ``synchronize`` for good, and every live
 session waiting on it fell silent with no error). Callers waiting through :meth:`Batcher.wait`
@@ -48,7 +54,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -69,6 +75,7 @@ class BatchStalledError(RuntimeError):
 class _Request(Generic[T]):
     item: T
     size: int
+    finish: "Callable[[Any], Any] | None" = None  # run by the worker on this request's result (module doc)
     future: Future = field(default_factory=Future)
     queued_at: float = field(default_factory=time.monotonic)
     stream: "torch.cuda.Stream | None" = None  # the caller's CUDA stream (own_stream batchers)
@@ -149,10 +156,12 @@ class Batcher(Generic[T, R]):
         self.own_stream = bool(on) and self.device is not None and self.device.type == "cuda"
 
     # -- callers ------------------------------------------------------------------------------
-    def submit(self, item: T) -> Future:
+    def submit(self, item: T, finish: Callable[[R], Any] | None = None) -> Future:
+        """Queue `item`; the future gets its result, or ``finish(result)`` where given (run by the
+        worker right after the batch: see the module doc)."""
         if self._closed:
             raise RuntimeError(f"{type(self).__name__} is closed")
-        req = _Request(item, int(self.size_of(item)))
+        req = _Request(item, int(self.size_of(item)), finish)
         if self.own_stream:
             req.stream = torch.cuda.current_stream(self.device)
             req.ready = torch.cuda.Event()
@@ -278,7 +287,13 @@ class Batcher(Generic[T, R]):
                 self._run([r])
             return
         for r, out in zip(batch, outs):
-            r.future.set_result(out)
+            if r.finish is None:
+                r.future.set_result(out)
+                continue
+            try:
+                r.future.set_result(r.finish(out))
+            except BaseException as exc:  # noqa: BLE001 - this request's own failure
+                r.future.set_exception(exc)
 
     def _run_on_own_stream(self, items: list[T], batch: list[_Request[T]]) -> list[R]:
         """`run_many` on this worker's CUDA stream, handed over finished (see the module doc)."""
@@ -306,12 +321,15 @@ class RenderBatcher(Batcher[tuple[AvatarLayer, torch.Tensor, torch.Tensor], torc
                          device=engine.device, max_in_flight=max_in_flight)
         self.engine = engine
 
-    def submit(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> Future:  # type: ignore[override]
-        """Queue one render; the future's result is what `engine.render` would return."""
-        return super().submit((layer, driving, frame_idx))
+    def submit(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor,  # type: ignore[override]
+               finish: Callable[[torch.Tensor], Any] | None = None) -> Future:
+        """Queue one render; the future's result is what `engine.render` would return (or
+        ``finish`` of it)."""
+        return super().submit((layer, driving, frame_idx), finish)
 
-    def render(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> torch.Tensor:
-        return self.wait(self.submit(layer, driving, frame_idx))
+    def render(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor,
+               finish: Callable[[torch.Tensor], Any] | None = None) -> Any:
+        return self.wait(self.submit(layer, driving, frame_idx, finish))
 
 
 class TensorBatcher(Batcher[torch.Tensor, torch.Tensor]):

@@ -21,8 +21,9 @@ class EngineUnavailable(RuntimeError):
 class EnginePool:
     def __init__(self, default: str, device: torch.device, weights: str, models: Any, accel: str = "auto",
                  batch_sessions: bool = True, front_end_streams: bool = True, render_in_flight: int = 0,
-                 stall_s: float | None = None, front_end_tf32: bool = True):
+                 stall_s: float | None = None, front_end_tf32: bool = True, compose_in_batch: bool = False):
         self.device = device
+        self.compose_in_batch = compose_in_batch  # ServerConfig.compose_in_batch, read by each new session
         self.front_end_tf32 = front_end_tf32
         self.stall_s = stall_s  # every shared batcher's `Batcher.stall_s`
         self.batch_sessions = batch_sessions
@@ -74,10 +75,19 @@ class EnginePool:
 
     def renderer(self, name: str):
         """What live sessions of a loaded engine render with: the engine's shared RenderBatcher
-        (batch_sessions), else its own `render`."""
+        (batch_sessions; its `render` alone where ``compose_in_batch`` is off, so sessions splice
+        on their own threads), else the engine's own `render`."""
+        b = self.render_batcher(name)
+        if b is None:
+            return self._engines[name].render
+        return b if self.compose_in_batch else b.render
+
+    def render_batcher(self, name: str) -> RenderBatcher | None:
+        """The loaded engine's shared RenderBatcher, with its front-end batchers, made on first use
+        (None where sessions do not share batches)."""
         eng = self._engines[name]
         if not self.batch_sessions:
-            return eng.render
+            return None
         with self._locks[name]:
             b = self._batchers.get(name)
             if b is None:
@@ -86,7 +96,8 @@ class EnginePool:
                 for stage, shared in eng.use_stream_batchers(own_streams=self.front_end_streams).items():  # audio encoders, Ditto's LMDM windows
                     self._batchers[f"{name}/{stage}"] = shared
                     shared.stall_s = self.stall_s
-        return b.render  # type: ignore[attr-defined]  # the engine's own key holds its RenderBatcher
+        assert isinstance(b, RenderBatcher)  # the engine's own key holds its RenderBatcher
+        return b
 
     def set_render_in_flight(self, n: int) -> None:
         """`ServerConfig.render_in_flight` for the render batchers made from now on and those running."""
