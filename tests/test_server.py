@@ -488,6 +488,49 @@ def test_ws_chunks_rendered_ahead_go_out_when_due(data_dir):
     assert np.median(ready) > 0.15, ready  # sent when ready: a render lead early
 
 
+def test_ws_session_that_falls_behind_skips_to_a_render_lead_ahead_and_is_on_time_again(data_dir):
+    """A session more than LATE_S behind its clock (a stall, an overloaded GPU, a clock jump) skips
+    ahead to the frame it would be rendering now had it kept up, a render lead before it is due, so
+    its next chunk is on time again instead of late by a whole render (which kept overloaded
+    sessions skipping over and over)."""
+    from websockets.asyncio.client import connect
+
+    ts = ScaledTime(rate=1.0)
+    cfg = ServerConfig(engine="classic", device="cpu", avatars=data_dir / "avatars", clips=data_dir / "clips_skip",
+                       max_sessions=2, render_lead_s=0.3, render_ahead=8, prebuffer_s=0.32, send_on_clock=True,
+                       time_source=ts)
+    app = create_app(cfg)
+
+    async def run(srv) -> tuple[float, list[tuple[int, float, float]]]:
+        async with connect(f"{srv.ws_url}/ws", max_size=None) as ws:
+            await ws.send(json.dumps({"type": "start", "avatar": "astro", "engine": "classic", "chunk_frames": 2}))
+            session = app.state.ns.sessions.get(json.loads(await ws.recv())["session"])
+            got: list[tuple[int, float, float]] = []  # (frame_start, pts, media clock when received)
+            t_jump = None
+            while len(got) < 40:
+                msg = await asyncio.wait_for(ws.recv(), 10)
+                if isinstance(msg, bytes):
+                    (n,) = struct.unpack(">I", msg[:4])
+                    h = json.loads(msg[4 : 4 + n])
+                    got.append((h["frame_start"], h["pts"][0], session.clock.now()))
+                    if len(got) == 12:
+                        ts.jump(2.0)  # the session is now 2 s behind its clock
+                        t_jump = session.clock.now()
+            await ws.send(json.dumps({"type": "close"}))
+        assert t_jump is not None
+        return t_jump, got
+
+    with ServerThread(app) as srv:
+        t_jump, got = asyncio.run(run(srv))
+    starts = [g[0] for g in got]
+    skip = next(i for i in range(1, len(starts)) if starts[i] - starts[i - 1] > 2)
+    frame_start, pts, received = got[skip]
+    assert pts - t_jump > 0.2, (pts - t_jump, got)  # a render lead past the clock, not the frame due now
+    after = np.array([g[1] - g[2] for g in got[skip:]])  # due minus received: >= 0 is on time
+    assert after.min() > -0.05, after  # on time again from the skip on
+    assert all(b - a == 2 for a, b in zip(starts[skip:], starts[skip + 1:]))  # and no more skips
+
+
 def test_ws_speech_keeps_up_when_the_engine_is_slower_than_the_messages(data_dir, monkeypatch):
     """Speech is taken off the socket as it arrives even when the engine needs longer per push than
     a message lasts (here 60 ms per push, 20 ms messages: a shared GPU batcher under load): what
