@@ -489,10 +489,10 @@ def test_ws_chunks_rendered_ahead_go_out_when_due(data_dir):
 
 
 def test_ws_session_that_falls_behind_skips_to_a_render_lead_ahead_and_is_on_time_again(data_dir):
-    """A session more than LATE_S behind its clock (a stall, an overloaded GPU, a clock jump) skips
-    ahead to the frame it would be rendering now had it kept up, a render lead before it is due, so
-    its next chunk is on time again instead of late by a whole render (which kept overloaded
-    sessions skipping over and over)."""
+    """A session more than LATE_S behind its clock (a stall, an overloaded GPU, a clock jump) sends
+    what it has rendered already, then skips ahead to the frame it would be rendering now had it
+    kept up, a render lead before it is due, so its next chunk is on time again instead of late by a
+    whole render (which kept overloaded sessions skipping over and over)."""
     from websockets.asyncio.client import connect
 
     ts = ScaledTime(rate=1.0)
@@ -529,6 +529,9 @@ def test_ws_session_that_falls_behind_skips_to_a_render_lead_ahead_and_is_on_tim
     after = np.array([g[1] - g[2] for g in got[skip:]])  # due minus received: >= 0 is on time
     assert after.min() > -0.05, after  # on time again from the skip on
     assert all(b - a == 2 for a, b in zip(starts[skip:], starts[skip + 1:]))  # and no more skips
+    # the frames rendered before the jump went out first: the skip comes where a render was due anyway
+    # (groups of render_ahead = 8 frames from the first chunk), none of the work done is thrown away
+    assert (starts[skip - 1] + 2 - starts[0]) % 8 == 0, starts
 
 
 def test_ws_speech_keeps_up_when_the_engine_is_slower_than_the_messages(data_dir, monkeypatch):

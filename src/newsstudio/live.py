@@ -753,6 +753,12 @@ class LiveSession:
         return u, (u.total_frames - j) if u.total_frames is not None else 1 << 30
 
     # ---------------------------------------------------------------- video output
+    def has_frames(self, k: int, n: int) -> bool:
+        """Whether frames [k, k+n) are rendered already (ahead of the play position), so asking for
+        them costs no render: a consumer that is late sends these rather than skip past work done."""
+        with self._lock:
+            return all(j in self._ahead for j in range(k, k + n))
+
     def video_frame(self, k: int) -> torch.Tensor:
         """NV12 frame k, (H*3//2, W) uint8 on the CPU. Consumers ask in increasing order.
 

@@ -378,11 +378,14 @@ class WsSession:
             while not s.closed:
                 await clock.sleep_until(clock.video_time(k) - self.state.cfg.render_lead_s)
                 now = clock.now()
-                if clock.video_time(k) < now - LATE_S:  # stalled, overloaded, or the clock jumped: skip ahead, stay live
-                    # to the frame this pump would be rendering now had it kept up: one a render lead
-                    # ahead. (Skipping to the frame due now put that chunk a whole render late and
-                    # kept an overloaded session behind: 10-12 MuseTalk sessions skipped 110-140
-                    # frames per 20 s on an H200, fifteenth session.)
+                if clock.video_time(k) < now - LATE_S and not s.has_frames(k, n):
+                    # Stalled, overloaded, or the clock jumped: skip ahead, stay live. Only where a
+                    # render is due anyway: frames rendered ahead go out (late) rather than be thrown
+                    # away, since an overloaded server that discards work falls further behind (CPU,
+                    # 8 sessions over capacity: a third of the renders wasted). The skip goes to the
+                    # frame this pump would be rendering now had it kept up, a render lead ahead (to
+                    # the frame due now, its chunk was a whole render late again: 10-12 MuseTalk
+                    # sessions skipped 110-140 frames per 20 s on an H200, fifteenth session).
                     k = clock.next_frame(now + self.state.cfg.render_lead_s)
                 message = await loop.run_in_executor(self.state.render_pool, self._chunk_message, k, n, idx, h264)
                 await self._out(message, due=clock.video_time(k))
