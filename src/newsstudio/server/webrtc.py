@@ -6,7 +6,9 @@ due with pts k * 90000/fps, audio block s (20 ms, 960 samples at 48 kHz, s16) wh
 due with pts s. Positions are counters, so pacing never accumulates sleep error, and both
 tracks start on the same frame boundary, so the receiver's RTP timestamps (which aiortc
 makes relative to each track's first packet) line up. A track that falls behind the clock by
-more than LATE_S (a stalled event loop, a jumped clock) skips ahead instead of bursting.
+more than LATE_S (a stalled event loop, a jumped clock) skips ahead instead of bursting; video
+first sends the frames the session has rendered already (at most render_ahead - 1), so no render
+work is thrown away (an overloaded server that discards work falls further behind).
 
 A data channel (any label) carries control: {"type": "interrupt"}, {"type": "ping", "t": ..}
 (answered with "pong", for round-trip time), {"type": "speech_end"}; binary messages are
@@ -72,7 +74,7 @@ class SessionVideoTrack(MediaStreamTrack):
         clock = s.clock
         k = self.next if self.next is not None else self.origin.get()
         now = clock.now()
-        if clock.video_time(k) < now - LATE_S:
+        if clock.video_time(k) < now - LATE_S and not s.has_frames(k, 1):  # frames rendered ahead go out, not to waste
             k2 = clock.next_frame(now)
             self.skipped += k2 - k
             k = k2
