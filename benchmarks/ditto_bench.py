@@ -269,9 +269,8 @@ def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, 
         print(f"[ditto] ours ({spec}): warm-up and {repeat} dense runs ...", file=sys.stderr, flush=True)
         warm_s = engine.warm_up()  # every batch bucket, as a server does: no capture inside a timed run
         fig = engine_figures(engine, packet, seconds, chunk, repeat, workdir, mp4=mp4)
-        fig["warm_up_s"] = warm_s
         fig.update(accel=engine.accel, channels_last=weights_channels_last(engine.models.decoder), cudnn_benchmark=engine.cudnn_benchmark,
-                   compile_s=engine._crop_runner.compile_seconds)
+                   compile_s=engine._crop_runner.compile_seconds, warm_up_s=warm_s)
         out["variants"][spec] = fig
         print(f"[ditto] ours ({spec}): {fig['dense_fps']:.1f} fps, TTFF {fig['ttff_ms']:.1f} ms", file=sys.stderr, flush=True)
     engine = first

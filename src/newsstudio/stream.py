@@ -280,9 +280,13 @@ def _produce(session: StreamSession, source: AudioSource, fps: Fraction, chunk_f
         copy_stream = torch.cuda.Stream(device=dev) if dev.type == "cuda" else None
         # the frame count for planning chunk sizes: known up front for a whole input, at its end for a live one
         expected = None if source.total_samples is None else frames_for_samples(source.total_samples, sr, fps)
-        while not stop.is_set():
+
+        def wanted() -> int:
             known = total if total is not None else expected
-            want = chunk_size(chunk_idx, chunk_frames, ramp_frames, None if known is None else known - frame_start)
+            return chunk_size(chunk_idx, chunk_frames, ramp_frames, None if known is None else known - frame_start)
+
+        while not stop.is_set():
+            want = wanted()
             # Feed audio until a full chunk is ready or the input has ended.
             while drv.ready < want and total is None:
                 block = source.pull()
@@ -300,8 +304,7 @@ def _produce(session: StreamSession, source: AudioSource, fps: Fraction, chunk_f
             remaining = None if total is None else total - frame_start
             if remaining is not None and remaining <= 0:
                 break
-            known = total if total is not None else expected
-            want = chunk_size(chunk_idx, chunk_frames, ramp_frames, None if known is None else known - frame_start)
+            want = wanted()  # a live input's end may have become known while feeding
             n = min(want, available) if remaining is None else min(want, remaining)
             if n <= 0:
                 break
