@@ -85,6 +85,17 @@ def on_off_list(spec: str | None, flag: str = "--front-end-streams") -> list[boo
     return [w == "on" for w in words]
 
 
+def compose_list(spec: str | None) -> list[str]:
+    """``--compose``: absent -> [], else the modes named (checked before a server starts)."""
+    from newsstudio.engines.batching import COMPOSE_MODES
+
+    modes = spec.split(",") if spec else []
+    bad = [m for m in modes if m not in COMPOSE_MODES]
+    if bad:
+        raise SystemExit(f"--compose takes {', '.join(COMPOSE_MODES)} or a comma-separated list of them, got {bad[0]!r}")
+    return modes
+
+
 def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
     """Every combination of the swept server settings, as (label, apply): each session count runs
     once under each. Settings other than the switch interval need the server started here."""
@@ -96,13 +107,13 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
     base_prebuffer = getattr(cfg, "prebuffer_s", 0.0)
     out = []
     on_clock = args.send_on_clock if cfg is not None and args.send_on_clock else [None]
-    compose = args.compose_in_batch if cfg is not None and args.compose_in_batch else [None]
-    for si, lead, paced, ahead, in_flight, own, rows, fused in itertools.product(
+    compose = args.compose if cfg is not None and args.compose else [None]
+    for si, lead, paced, ahead, in_flight, own, rows, mode in itertools.product(
             values(args.switch_intervals, float, local=False), values(args.render_leads, float), on_clock,
             values(args.render_aheads, int), values(args.render_in_flight, int), front_end,
             values(args.live_update_rows, int), compose):
         def apply(si=si, lead=lead, paced=paced, ahead=ahead, in_flight=in_flight, own=own, rows=rows,
-                  fused=fused) -> None:
+                  mode=mode) -> None:
             if si is not None:
                 sys.setswitchinterval(si)  # the server's GIL hand-off (it runs in this process)
             if lead is not None:
@@ -118,9 +129,9 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
             if own is not None:
                 cfg.front_end_streams = own
                 state.engines.set_front_end_streams(own)
-            if fused is not None:  # read by each new session
-                cfg.compose_in_batch = fused
-                state.engines.compose_in_batch = fused
+            if mode is not None:  # the render batcher's mode, read at each render
+                cfg.compose = mode
+                state.engines.set_compose(mode)
             if rows is not None:  # read by each new MuseTalk conditioner (one per utterance)
                 from newsstudio.engines.musetalk import engine as musetalk_engine
 
@@ -134,7 +145,7 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
             None if in_flight is None else f"render batches in flight {in_flight or 'unbounded'}",
             None if own is None else f"front-end streams {'on' if own else 'off'}",
             None if rows is None else f"MuseTalk features every {rows * 20} ms",
-            None if fused is None else f"compose in batch {'on' if fused else 'off'}") if part)
+            None if mode is None else f"compose: {mode}") if part)
         out.append((label, apply))
     return out
 
@@ -353,6 +364,7 @@ async def run_level(url: str, n: int, args, pcm, sr) -> dict:
         # a session's render call, split: until its frames' GPU work is queued, then until they are on the host
         "session_render_call_ms": per_render("render_call_ms_mean"),
         "session_copy_out_ms": per_render("copy_out_ms_mean"),
+        "session_render_wait_ms": per_render("render_wait_ms_mean"),
     }
     # why speech renders come up short of render_ahead frames: late driving, gaps (underruns), skips
     speech_renders = sum(s.get("speech_renders", 0) for s in live)
@@ -426,9 +438,9 @@ def main() -> None:
     ap.add_argument("--render-in-flight", default=None,
                     help="comma-separated ServerConfig.render_in_flight values (shared render batches on the GPU at "
                          "once; 0: no bound): each level runs under each (server started here)")
-    ap.add_argument("--compose-in-batch", default=None,
-                    help="off, on or off,on: sessions' splice + copy-out in the render batcher's worker "
-                         "(ServerConfig.compose_in_batch), each a level")
+    ap.add_argument("--compose", default=None,
+                    help="comma-separated modes for where live sessions splice and start their copy-out on CUDA "
+                         "(ServerConfig.compose: session, worker, stream), each a level")
     ap.add_argument("--live-update-rows", default=None,
                     help="comma-separated MuseTalk live feature update steps in 20 ms Whisper rows, each a level "
                          "(the engine's LIVE_UPDATE_ROWS: one 30 s re-encode per step per stream)")
@@ -445,7 +457,7 @@ def main() -> None:
     args = ap.parse_args()
     args.front_end_streams = on_off_list(args.front_end_streams)  # checked before a server starts
     args.send_on_clock = on_off_list(args.send_on_clock, "--send-on-clock")
-    args.compose_in_batch = on_off_list(args.compose_in_batch, "--compose-in-batch")
+    args.compose = compose_list(args.compose)
     t0 = time.monotonic()
     args.sessions = [int(x) for x in args.sessions.split(",") if x]
     pcm, sr = load_speech(args.speech)
@@ -461,7 +473,7 @@ def main() -> None:
             ("rss_peak_mb", ".0f"), ("rss_after_mb", ".0f"), ("gpu_before_mb", ".0f"), ("gpu_peak_mb", ".0f"), ("gpu_after_mb", ".0f"),
             ("batch_frames_mean", ".1f"), ("requests_per_batch", ".2f"), ("request_frames_mean", ".1f"), ("render_wait_ms_mean", ".1f"), ("render_busy_share", ".2f"), ("audio_busy_share", ".2f"),
             ("audio_rows_per_call", ".1f"), ("motion_busy_share", ".2f"),
-            ("session_render_call_ms", ".1f"), ("session_copy_out_ms", ".1f"), ("short_render_share", ".2f"),
+            ("session_render_call_ms", ".1f"), ("session_render_wait_ms", ".1f"), ("session_copy_out_ms", ".1f"), ("short_render_share", ".2f"),
             ("driving_ahead_frames", ".1f"), ("underrun_ms_per_session", ".0f"), ("skipped_frames_per_session", ".1f")]
     print(" | ".join(name for name, _ in cols), flush=True)
     rows = []
@@ -484,7 +496,7 @@ def main() -> None:
                      "render_in_flight": getattr(server_cfg, "render_in_flight", 0),
                      "front_end_streams": bool(getattr(server_cfg, "front_end_streams", False)),
                      "live_update_rows": live_update_rows() if server_cfg is not None else None,
-                     "compose_in_batch": getattr(server_cfg, "compose_in_batch", None)})
+                     "compose": getattr(server_cfg, "compose", None)})
         r = rows[-1]
         print(f"[{time.monotonic() - t0:.0f} s] {n} sessions: {r['sustained']} sustained, {r['errors']} errors {r['error_samples'] or ''}",
               file=sys.stderr)

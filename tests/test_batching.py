@@ -541,17 +541,19 @@ def test_finish_runs_in_the_worker_right_after_its_batch_and_fails_only_its_requ
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_sessions_composing_in_the_render_batcher_get_the_frames_they_get_alone(two_layers):
-    """On CUDA a session that renders through a RenderBatcher has its splice and copy-out run by the
-    batcher (`StreamSession.render_frames_host`): the frames must equal the plain path's, byte for
-    byte, for several sessions at once on two avatars."""
+@pytest.mark.parametrize("compose", ["session", "worker", "stream"])
+def test_sessions_composing_through_the_render_batcher_get_the_frames_they_get_alone(two_layers, compose):
+    """On CUDA a session that renders through a RenderBatcher splices and copies out where the
+    batcher's ``compose`` mode says (its own thread, the batcher's worker, or a side stream that
+    waits for its batch only: `StreamSession.render_frames_host`): the frames must equal the plain
+    path's, byte for byte, for several sessions at once on two avatars."""
     from fractions import Fraction
 
     from newsstudio.stream import StreamSession, background_for
 
     eng = ClassicEngine(device="cuda")
     layers = [eng.load_avatar(p) for p in two_layers]
-    batcher = RenderBatcher(eng)
+    batcher = RenderBatcher(eng, compose=compose)
     reqs = _requests(eng, layers, [8, 6, 8, 5])
     expected, got = [], [None] * len(reqs)
     for layer, d, idx in reqs:
@@ -576,3 +578,13 @@ def test_sessions_composing_in_the_render_batcher_get_the_frames_they_get_alone(
     for g, e in zip(got, expected):
         assert g is not None and torch.equal(g, e)
     assert not torch.equal(expected[0][:5], expected[2][:5])  # the sessions differ: the test can fail
+
+
+def test_render_batcher_refuses_an_unknown_compose_mode():
+    eng = ClassicEngine(device="cpu")
+    with pytest.raises(ValueError, match="compose must be one of session, worker, stream"):
+        RenderBatcher(eng, compose="gpu", autostart=False)
+    b = RenderBatcher(eng, autostart=False)
+    with pytest.raises(ValueError, match="compose must be one of"):
+        b.set_compose("fused")
+    assert b.compose == "session"  # unchanged by the refused mode

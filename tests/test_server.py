@@ -816,6 +816,7 @@ def test_speak_say_and_streamed_pcm_into_a_live_session(server):
             assert info["state"] == "idle"
             assert info["render_ahead"] == 4 and info["prebuffer_ms"] == 120.0  # ServerConfig defaults, 3 frames at 25 fps
             assert info["renders"] > 0 and info["render_call_ms_mean"] > 0  # the speech was rendered (idle frames come from a cache)
+            assert 0 < info["render_wait_ms_mean"] <= info["render_call_ms_mean"]  # the batch's part of each render call
             # bad speech into a live session: clear 4xx, the session keeps going
             r = await c.post(f"/sessions/{sid}/speak", files={"audio": ("z.wav", wav_bytes(np.zeros(8000, np.float32), 16000), "audio/wav")})
             assert r.status_code == 422 and "no speech" in r.json()["detail"]
@@ -1062,3 +1063,12 @@ def test_webrtc_h264_when_the_client_prefers_it(server):
     assert all((f.width, f.height) == (256, 256) for f in frames)
     pts = [f.pts for f in frames]
     assert all(b - a == 3600 for a, b in zip(pts, pts[1:]))
+
+
+def test_unknown_compose_mode_is_refused_when_the_server_is_made(tmp_path):
+    """A typo in ServerConfig.compose fails at startup with the modes named, not at the first
+    session's render."""
+    cfg = ServerConfig(engine="classic", device="cpu", avatars=tmp_path / "avatars", clips=tmp_path / "clips",
+                       warm=False, compose="side")
+    with pytest.raises(ValueError, match="compose must be one of session, worker, stream"):
+        create_app(cfg)

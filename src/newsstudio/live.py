@@ -589,6 +589,7 @@ class LiveSession:
             "renders": s.renders,
             "render_call_ms_mean": round(s.render_call_s / s.renders * 1000, 3) if s.renders else 0.0,
             "copy_out_ms_mean": round(s.copy_out_s / s.renders * 1000, 3) if s.renders else 0.0,
+            "render_wait_ms_mean": round(self.stream.render_wait_s / s.renders * 1000, 3) if s.renders else 0.0,
             "speech_renders": s.speech_renders,
             "short_renders": s.short_renders,
             "driving_ahead_frames_mean": round(s.ahead_frames / s.speech_renders, 2) if s.speech_renders else 0.0,

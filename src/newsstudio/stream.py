@@ -67,14 +67,15 @@ class StreamSession:
     """Per-stream state: one conditioner + driver + frame counter over a loaded avatar layer.
 
     ``renderer``: what renders the ROIs, ``engine.render`` by default; a server passes its
-    `RenderBatcher` so concurrent sessions share GPU batches (and, on CUDA, each request's splice
-    and copy-out run in the batcher's worker right after its batch: `render_frames_host`)."""
+    `RenderBatcher` so concurrent sessions share GPU batches (on CUDA its ``compose`` mode says
+    where each request's splice and copy-out run: `render_frames_host`)."""
 
     def __init__(self, engine: Engine, layer: AvatarLayer, background: BackgroundFrames, fps: Fraction,
                  renderer: RenderBatcher | Callable[[AvatarLayer, torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
         self.engine = engine
         self.batcher = renderer if isinstance(renderer, RenderBatcher) else None
         self.renderer = self.batcher.render if self.batcher is not None else (renderer or engine.render)
+        self.render_wait_s = 0.0  # summed time inside render calls (the shared batch's queue and launch)
         self.layer = layer
         self.background = background
         self.fps = fps
@@ -108,18 +109,36 @@ class StreamSession:
     @torch.inference_mode()
     def render_frames(self, frame_start: int, driving: torch.Tensor, output: Output) -> torch.Tensor:
         idx = self._index(frame_start, int(driving.shape[0]))
-        return self._compose(self.renderer(self.layer, driving, idx), idx, output)
+        return self._compose(self._timed(self.renderer, self.layer, driving, idx), idx, output)
+
+    def _timed(self, render: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        """``render(*args, **kw)``, its time added to `render_wait_s` (a live session's render call
+        split into the wait for its batch and the rest: its splice and copy-out launches)."""
+        t0 = time.perf_counter()
+        try:
+            return render(*args, **kw)
+        finally:
+            self.render_wait_s += time.perf_counter() - t0
 
     @torch.inference_mode()
     def render_frames_host(self, frame_start: int, driving: torch.Tensor, output: Output) -> tuple[torch.Tensor, "torch.cuda.Event | None"]:
         """`render_frames` on its way to the CPU: ``(host, done)`` as `accel.host_copy.to_host_async`
-        gives them (wait on ``done`` before reading ``host``). With a shared `RenderBatcher` on CUDA the
-        splice and the copy are the batcher's ``finish``, so they follow this request's batch on the
-        GPU instead of queueing behind the batches launched while this thread waited."""
-        if self.batcher is None or self.layer.device.type != "cuda":
+        gives them (wait on ``done`` before reading ``host``). With a shared `RenderBatcher` on CUDA,
+        where the splice and the copy run is the batcher's ``compose`` mode: so they follow this
+        request's batch on the GPU instead of queueing behind the batches launched while this
+        thread waited ("worker", "stream"; see `RenderBatcher`)."""
+        b = self.batcher
+        mode = b.compose if b is not None and self.layer.device.type == "cuda" else "session"
+        if mode == "session":
             return to_host_async(self.render_frames(frame_start, driving, output))
         idx = self._index(frame_start, int(driving.shape[0]))
-        return self.batcher.render(self.layer, driving, idx, finish=partial(self._compose_to_host, idx, output))
+        if mode == "worker":
+            return self._timed(b.render, self.layer, driving, idx, finish=partial(self._compose_to_host, idx, output))
+        side = b.compose_stream()
+        rois = self._timed(b.render_for_stream, side, self.layer, driving, idx)
+        idx.record_stream(side)  # made on this thread's stream, read on the side stream below
+        with torch.cuda.stream(side):
+            return self._compose_to_host(idx, output, rois)
 
     @torch.inference_mode()
     def idle_frames(self, frame_start: int, n: int, output: Output) -> torch.Tensor:

@@ -38,6 +38,10 @@ copies them out; done on the session's own thread, that work is queued on the sh
 whatever batch the worker launched meanwhile, so every chunk waited one more batch. Run in the
 worker, it follows its own batch directly. A failing ``finish`` fails only its request.
 
+``batch_done`` (CUDA, shared stream): each request's future carries the event recorded right after
+its batch's GPU work. Why: a caller that continues on another stream (`RenderBatcher.render_for_stream`)
+waits for *its* batch only, not for the batches the worker queued on the shared stream since.
+
 ``stall_s``: a batch that has run longer than this is a stall (a wedged GPU stream: an H200 server
 once kept one batch of Ditto's motion batcher waiting in ``synchronize`` for good, and every live
 session waiting on it fell silent with no error). Callers waiting through :meth:`Batcher.wait`
@@ -274,10 +278,10 @@ class Batcher(Generic[T, R]):
         s.batches += 1
         s.frames += sum(r.size for r in batch)
         s.largest_batch = max(s.largest_batch, sum(r.size for r in batch))
+        own = self.own_stream and all(r.ready is not None for r in batch)
         try:
             with torch.inference_mode():
                 items = [r.item for r in batch]
-                own = self.own_stream and all(r.ready is not None for r in batch)
                 outs = self._run_on_own_stream(items, batch) if own else self.run_many(items)
         except BaseException as exc:  # noqa: BLE001 - retried one by one below
             if len(batch) == 1:
@@ -286,7 +290,9 @@ class Batcher(Generic[T, R]):
             for r in batch:
                 self._run([r])
             return
+        done = self._batch_done_event(own)
         for r, out in zip(batch, outs):
+            r.future.batch_done = done  # type: ignore[attr-defined]
             if r.finish is None:
                 r.future.set_result(out)
                 continue
@@ -294,6 +300,15 @@ class Batcher(Generic[T, R]):
                 r.future.set_result(r.finish(out))
             except BaseException as exc:  # noqa: BLE001 - this request's own failure
                 r.future.set_exception(exc)
+
+    def _batch_done_event(self, own: bool) -> "torch.cuda.Event | None":
+        """An event after the batch just launched on the shared CUDA stream (module doc); None off
+        CUDA or on an own stream (its outputs are handed over finished)."""
+        if own or self.device is None or self.device.type != "cuda":
+            return None
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(self.device))
+        return done
 
     def _run_on_own_stream(self, items: list[T], batch: list[_Request[T]]) -> list[R]:
         """`run_many` on this worker's CUDA stream, handed over finished (see the module doc)."""
@@ -310,16 +325,57 @@ class Batcher(Generic[T, R]):
         return outs
 
 
+COMPOSE_MODES = ("session", "worker", "stream")
+
+
 class RenderBatcher(Batcher[tuple[AvatarLayer, torch.Tensor, torch.Tensor], torch.Tensor]):
     """`render(layer, driving, frame_idx)` with the engine's signature, from any thread, through
-    one `engine.render_many` call per batch (see the module doc)."""
+    one `engine.render_many` call per batch (see the module doc).
+
+    ``compose``: where the sessions that render through it splice their faces into their frames and
+    start the copy-out (`StreamSession.render_frames_host`; CUDA only, elsewhere always "session"):
+    "session": on the session's thread and the shared stream, queued behind whatever batches the
+    worker launched meanwhile; "worker": in the worker right after the batch (``finish``);
+    "stream": on the session's thread but on `compose_stream`, a high-priority stream that waits for
+    the session's own batch only, so the splice and copy run next to the following batch instead
+    of after it."""
 
     def __init__(self, engine: Engine, max_frames: int = 32, window_s: float = 0.0, autostart: bool = True,
-                 max_in_flight: int = 0):
+                 max_in_flight: int = 0, compose: str = "session"):
         super().__init__(engine.render_many, lambda item: int(item[2].shape[0]), max_frames=max_frames,
                          window_s=window_s, autostart=autostart, name=f"render-batcher-{engine.name}",
                          device=engine.device, max_in_flight=max_in_flight)
         self.engine = engine
+        self.compose = "session"
+        self.set_compose(compose)
+        self._compose_stream: torch.cuda.Stream | None = None
+
+    def set_compose(self, mode: str) -> None:
+        """Where sessions compose from their next render on (see the class doc)."""
+        if mode not in COMPOSE_MODES:
+            raise ValueError(f"compose must be one of {', '.join(COMPOSE_MODES)}, got {mode!r}")
+        self.compose = mode
+
+    def compose_stream(self) -> torch.cuda.Stream:
+        """The CUDA stream sessions compose on in "stream" mode: one for all of them (their splices
+        are small and in order), at the highest priority so its kernels go ahead of a batch's."""
+        with self._start_lock:
+            if self._compose_stream is None:
+                self._compose_stream = torch.cuda.Stream(device=self.device, priority=torch.cuda.Stream.priority_range()[1])
+            return self._compose_stream
+
+    def render_for_stream(self, stream: torch.cuda.Stream, layer: AvatarLayer, driving: torch.Tensor,
+                          frame_idx: torch.Tensor) -> torch.Tensor:
+        """`render`, handed over for use on ``stream``: the stream waits for this request's batch only
+        (its ``batch_done`` event), and the output's memory is not reused before ``stream`` is done
+        with it."""
+        future = self.submit(layer, driving, frame_idx)
+        out = self.wait(future)
+        done = getattr(future, "batch_done", None)
+        if done is not None:  # None: an own-stream batch, handed over finished
+            stream.wait_event(done)
+        out.record_stream(stream)
+        return out
 
     def submit(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor,  # type: ignore[override]
                finish: Callable[[torch.Tensor], Any] | None = None) -> Future:

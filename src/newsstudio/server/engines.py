@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ..engines.base import Engine
-from ..engines.batching import Batcher, RenderBatcher
+from ..engines.batching import COMPOSE_MODES, Batcher, RenderBatcher
 from ..engines.registry import ENGINES, check_accel, create_engine, default_engine, engine_options
 
 log = logging.getLogger(__name__)
@@ -21,9 +21,11 @@ class EngineUnavailable(RuntimeError):
 class EnginePool:
     def __init__(self, default: str, device: torch.device, weights: str, models: Any, accel: str = "auto",
                  batch_sessions: bool = True, front_end_streams: bool = True, render_in_flight: int = 0,
-                 stall_s: float | None = None, front_end_tf32: bool = True, compose_in_batch: bool = False):
+                 stall_s: float | None = None, front_end_tf32: bool = True, compose: str = "session"):
         self.device = device
-        self.compose_in_batch = compose_in_batch  # ServerConfig.compose_in_batch, read by each new session
+        if compose not in COMPOSE_MODES:  # before any session
+            raise ValueError(f"compose must be one of {', '.join(COMPOSE_MODES)}, got {compose!r}")
+        self.compose = compose  # ServerConfig.compose: the render batchers' `RenderBatcher.compose`
         self.front_end_tf32 = front_end_tf32
         self.stall_s = stall_s  # every shared batcher's `Batcher.stall_s`
         self.batch_sessions = batch_sessions
@@ -75,12 +77,9 @@ class EnginePool:
 
     def renderer(self, name: str):
         """What live sessions of a loaded engine render with: the engine's shared RenderBatcher
-        (batch_sessions; its `render` alone where ``compose_in_batch`` is off, so sessions splice
-        on their own threads), else the engine's own `render`."""
+        (batch_sessions), else the engine's own `render`."""
         b = self.render_batcher(name)
-        if b is None:
-            return self._engines[name].render
-        return b if self.compose_in_batch else b.render
+        return self._engines[name].render if b is None else b
 
     def render_batcher(self, name: str) -> RenderBatcher | None:
         """The loaded engine's shared RenderBatcher, with its front-end batchers, made on first use
@@ -91,7 +90,7 @@ class EnginePool:
         with self._locks[name]:
             b = self._batchers.get(name)
             if b is None:
-                b = self._batchers[name] = RenderBatcher(eng, max_in_flight=self.render_in_flight)
+                b = self._batchers[name] = RenderBatcher(eng, max_in_flight=self.render_in_flight, compose=self.compose)
                 b.stall_s = self.stall_s
                 for stage, shared in eng.use_stream_batchers(own_streams=self.front_end_streams).items():  # audio encoders, Ditto's LMDM windows
                     self._batchers[f"{name}/{stage}"] = shared
@@ -105,6 +104,14 @@ class EnginePool:
         for b in list(self._batchers.values()):
             if isinstance(b, RenderBatcher):
                 b.set_max_in_flight(n)
+
+    def set_compose(self, mode: str) -> None:
+        """`ServerConfig.compose` for the render batchers made from now on and those running (their
+        sessions' next renders)."""
+        for b in list(self._batchers.values()):
+            if isinstance(b, RenderBatcher):
+                b.set_compose(mode)
+        self.compose = mode
 
     def set_front_end_streams(self, on: bool) -> None:
         """`ServerConfig.front_end_streams` for the front-end batchers made from now on and those

@@ -84,6 +84,7 @@ class SessionInfo(BaseModel):
     last_start_ms: float | None = None
     renders: int = Field(0, description="Render calls (speech, or idle frames not served from the shared idle cache).")
     render_call_ms_mean: float = Field(0.0, description="Per render call: until its GPU work was queued (waiting for the shared render batch included).")
+    render_wait_ms_mean: float = Field(0.0, description="Per render call: of render_call_ms_mean, the time inside the renderer (the shared batch's queue and launch); the rest is the session's splice and copy launches.")
     copy_out_ms_mean: float = Field(0.0, description="Per render call: then until the frames were in host memory (the GPU queue ahead of them).")
     speech_renders: int = Field(0, description="Render calls of speech frames.")
     short_renders: int = Field(0, description="Of them, cut short of render_ahead frames because the speech's driving "

@@ -66,12 +66,14 @@ class ServerConfig:
     queueing ahead of it. On an H200 a bound of 2 raised an overloaded MuseTalk server's frames/s by
     13-25 % over no bound and made 8 sessions with render_ahead 8 all on time; it beat a bound of 1 on
     a slower machine (benchmarks/RESULTS.md, ninth session)."""
-    compose_in_batch: bool = False
-    """On CUDA, each live session's splice and copy-out run in the shared render batcher's worker
-    right after that session's batch (`RenderBatcher` ``finish``), not on the session's thread, where
-    they queue on the GPU behind the batches launched meanwhile (a batch's time added to every
-    chunk: copy-out took 25-57 ms per request at 10-16 MuseTalk sessions, fourteenth session).
-    Off until an H200 load test shows it pays (`load_test --compose-in-batch off,on`)."""
+    compose: str = "session"
+    """Where each live session splices its faces into its frames and starts the copy-out, on CUDA
+    (`RenderBatcher` ``compose``): "session" (its own thread, on the shared stream, so the work
+    queues behind the batches launched meanwhile: copy-out took 25-80 ms per request at 10-16
+    MuseTalk sessions on an H200), "worker" (the render batcher's thread, right after the batch;
+    no gain measured, fifteenth session) or "stream" (its own thread, on a high-priority stream that
+    waits for its batch only). "session" until an H200 load test shows another pays
+    (`load_test --compose session,stream`)."""
     front_end_tf32: bool = True
     """Ditto's HuBERT and LMDM graphs captured with TF32 matmuls (`DittoEngine(front_end_tf32=)`):
     on an H200 dense 280 -> 304 fps and time to first frame 55 -> 38 ms, 8 live sessions on time
@@ -179,7 +181,7 @@ class ServerState:
         stall_s = cfg.batch_stall_s if cfg.batch_stall_s is not None else (60.0 if self.device.type == "cuda" else None)
         self.engines = EnginePool(cfg.engine, self.device, cfg.weights, cfg.models, cfg.accel, cfg.batch_sessions,
                                   cfg.front_end_streams, cfg.render_in_flight, stall_s, cfg.front_end_tf32,
-                                  cfg.compose_in_batch)
+                                  cfg.compose)
         self.sessions = SessionManager(cfg.max_sessions)
         self.jobs = JobManager({"prebake": 1, "clip": 2}, keep=cfg.jobs_kept)
         self.metrics = Metrics()
