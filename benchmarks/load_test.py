@@ -450,6 +450,9 @@ def main() -> None:
     ap.add_argument("--profile-s", type=float, default=0.0,
                     help="profile this many seconds in the middle of each level (server started here): GPU busy "
                          "share, kernels, and the CUDA runtime calls of every thread (gpu_timeline.py)")
+    ap.add_argument("--profile-levels", default=None,
+                    help="with --profile-s: profile only these levels (comma-separated, counted from 1 in run order); "
+                         "the others run unobserved (the profiler slows the server)")
     ap.add_argument("--sync-debug", action="store_true",
                     help="after the server's warm-up, report every synchronising CUDA call site of its threads "
                          "(with counts) at the end of each level (server started here; slows it a little)")
@@ -485,10 +488,12 @@ def main() -> None:
         print(f"[{time.monotonic() - t0:.0f} s] warm-up: {n} sessions for {args.warm_up_s:g} s ({label}), not recorded",
               file=sys.stderr, flush=True)
         asyncio.run(run_level(url, n, argparse.Namespace(**{**vars(args), "duration": args.warm_up_s, "profile_s": 0.0}), pcm, sr))
-    for n, (label, apply) in levels:  # each level's row as soon as it is measured: a run cut short keeps them
+    profiled = {int(x) for x in args.profile_levels.split(",")} if args.profile_levels else None
+    for number, (n, (label, apply)) in enumerate(levels, 1):  # each level's row as soon as it is measured: a run cut short keeps them
         apply()
         print(f"[{time.monotonic() - t0:.0f} s] level of {n} sessions starts ({label})", file=sys.stderr, flush=True)
-        rows.append({**asyncio.run(run_level(url, n, args, pcm, sr)), "switch_interval_ms": sys.getswitchinterval() * 1e3,
+        level_args = args if profiled is None or number in profiled else argparse.Namespace(**{**vars(args), "profile_s": 0.0})
+        rows.append({**asyncio.run(run_level(url, n, level_args, pcm, sr)), "switch_interval_ms": sys.getswitchinterval() * 1e3,
                      "render_lead_ms": getattr(server_cfg, "render_lead_s", 0.0) * 1e3,
                      "send_on_clock": bool(getattr(server_cfg, "send_on_clock", False)),
                      "render_ahead": getattr(server_cfg, "render_ahead", 0),  # 0: a server elsewhere (unknown)
