@@ -76,3 +76,8 @@ def test_engine_options_pick_compile_only_for_a_long_running_cuda_process():
     assert "front_end_tf32" not in engine_options("musetalk", "random", None, front_end_tf32=True)
     assert "accel" not in engine_options("ditto", "random", None, "auto", "cpu", long_running=True)  # CPU: eager
     assert engine_options("ditto", "random", None, "cudagraph", "cpu")["accel"] == "cudagraph"
+
+
+def test_serve_refuses_an_unknown_compose_mode_before_starting():
+    r = CliRunner().invoke(app, ["serve", "--compose", "gpu", "--port", "1"])
+    assert r.exit_code == 2 and "--compose must be one of session, worker, stream, got 'gpu'" in r.output, r.output

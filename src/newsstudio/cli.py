@@ -312,8 +312,15 @@ def serve(
                                         help="Ditto: capture the HuBERT and LMDM graphs with TF32 matmuls (H200: dense "
                                         "280 -> 304 fps, first frame 55 -> 38 ms, ~9e-4 relative error of those "
                                         "networks vs float32)."),
+    compose: str = typer.Option("stream", help="Where live sessions splice their frames and start the copy-out on "
+                                "CUDA: stream (a high-priority side stream), session (the shared stream) or worker "
+                                "(the render batcher's thread)."),
 ) -> None:
     """Start the HTTP/WebSocket/WebRTC server with the web page at /."""
+    from .engines.batching import COMPOSE_MODES
+
+    if compose not in COMPOSE_MODES:  # before any engine loads
+        _fail(f"--compose must be one of {', '.join(COMPOSE_MODES)}, got {compose!r}")
     import uvicorn
 
     from .server.app import ServerConfig, create_app
@@ -323,7 +330,7 @@ def serve(
                        fps=fps, clips=clips, max_upload_bytes=max_upload_mb << 20, accel=accel,
                        render_ahead=render_ahead, prebuffer_s=prebuffer_ms / 1000, front_end_streams=front_end_streams,
                        front_end_tf32=front_end_tf32,
-                       render_in_flight=render_in_flight, render_lead_s=render_lead_ms / 1000)
+                       render_in_flight=render_in_flight, render_lead_s=render_lead_ms / 1000, compose=compose)
     uvicorn.Server(uvicorn_config(create_app(cfg), host=host, port=port, log_level="info")).run()
 
 

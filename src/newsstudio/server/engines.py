@@ -21,7 +21,7 @@ class EngineUnavailable(RuntimeError):
 class EnginePool:
     def __init__(self, default: str, device: torch.device, weights: str, models: Any, accel: str = "auto",
                  batch_sessions: bool = True, front_end_streams: bool = True, render_in_flight: int = 0,
-                 stall_s: float | None = None, front_end_tf32: bool = True, compose: str = "session"):
+                 stall_s: float | None = None, front_end_tf32: bool = True, compose: str = "stream"):
         self.device = device
         if compose not in COMPOSE_MODES:  # before any session
             raise ValueError(f"compose must be one of {', '.join(COMPOSE_MODES)}, got {compose!r}")

@@ -66,14 +66,15 @@ class ServerConfig:
     queueing ahead of it. On an H200 a bound of 2 raised an overloaded MuseTalk server's frames/s by
     13-25 % over no bound and made 8 sessions with render_ahead 8 all on time; it beat a bound of 1 on
     a slower machine (benchmarks/RESULTS.md, ninth session)."""
-    compose: str = "session"
+    compose: str = "stream"
     """Where each live session splices its faces into its frames and starts the copy-out, on CUDA
-    (`RenderBatcher` ``compose``): "session" (its own thread, on the shared stream, so the work
-    queues behind the batches launched meanwhile: copy-out took 25-80 ms per request at 10-16
-    MuseTalk sessions on an H200), "worker" (the render batcher's thread, right after the batch;
-    no gain measured, fifteenth session) or "stream" (its own thread, on a high-priority stream that
-    waits for its batch only). "session" until an H200 load test shows another pays
-    (`load_test --compose session,stream`)."""
+    (`RenderBatcher` ``compose``): "stream" (its own thread, on one high-priority side stream that
+    waits for its own batch only), "session" (its own thread, on the shared stream, so the work
+    queues behind the batches launched meanwhile) or "worker" (the render batcher's thread, right
+    after the batch; no gain measured, fifteenth session). On an H200 with 12-16 MuseTalk sessions
+    at 30 fps, "stream" gave more frames/s than "session" in 5 of 7 paired levels (mean +21
+    frames/s, ~7 %; one even, one -10), and 10 sessions were on time either way (sixteenth session,
+    benchmarks/RESULTS.md)."""
     front_end_tf32: bool = True
     """Ditto's HuBERT and LMDM graphs captured with TF32 matmuls (`DittoEngine(front_end_tf32=)`):
     on an H200 dense 280 -> 304 fps and time to first frame 55 -> 38 ms, 8 live sessions on time
