@@ -264,3 +264,17 @@ def test_cuda_matches_cpu():
     assert nv12_gpu.device.type == "cuda"
     assert maxdiff(nv12_gpu.cpu().numpy(), nv12_cpu.numpy()) <= 1
     assert maxdiff(nv12_to_rgb(nv12_cpu.cuda()).cpu().numpy(), nv12_to_rgb(nv12_cpu).numpy()) <= 1
+
+
+def test_single_plane_conversions_equal_the_planes_of_the_pair():
+    """`rgb_to_y` / `rgb_to_uv` (a splice needs one plane of each of two images) are the same
+    operations as `rgb_to_yuv_planes`, so the same values to the bit."""
+    from newsstudio.compose.colour import rgb_to_uv, rgb_to_y
+
+    g = torch.Generator().manual_seed(3)
+    for rgb in (torch.rand(2, 6, 8, 3, generator=g), (torch.rand(6, 8, 3, generator=g) * 255).to(torch.uint8)):
+        y, uv = rgb_to_yuv_planes(rgb, "bt601", full_range=True)
+        assert torch.equal(rgb_to_y(rgb, "bt601", full_range=True), y)
+        assert torch.equal(rgb_to_uv(rgb, "bt601", full_range=True), uv)
+    with pytest.raises(ValueError, match="rgb_to_uv: 4:2:0 needs even"):
+        rgb_to_uv(torch.rand(5, 8, 3))

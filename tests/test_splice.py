@@ -89,3 +89,21 @@ def test_cuda_equals_cpu():
     cpu = splice_nv12(bg, roi, mask, origins)
     gpu = splice_nv12(*(t.cuda() for t in (bg, roi, mask, origins))).cpu()
     assert (cpu.int() - gpu.int()).abs().max() <= 1
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_splicing_at_precomputed_offsets_gives_the_same_bytes_as_at_origins(seed):
+    """A live session splices at its avatar's `roi_offsets` (computed once, gathered per request):
+    the frames must be byte-identical to splicing at the origins, and the two ways are exclusive."""
+    from newsstudio.compose.splice import roi_offsets
+
+    bg, roi, mask, origins = _case(seed)
+    h, w = bg.shape[1] * 2 // 3, bg.shape[2]
+    at_origins = splice_nv12(bg, roi, mask, origins)
+    at_offsets = splice_nv12(bg, roi, mask, offsets=roi_offsets(origins, (h, w)))
+    assert torch.equal(at_offsets, at_origins)
+    assert not torch.equal(at_origins, bg)  # the splice changed the frames: the comparison can fail
+    with pytest.raises(ValueError, match="origins or their offsets, not both"):
+        splice_nv12(bg, roi, mask, origins, offsets=roi_offsets(origins, (h, w)))
+    with pytest.raises(ValueError, match="origins or their offsets"):
+        splice_nv12(bg, roi, mask)

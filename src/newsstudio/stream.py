@@ -36,7 +36,7 @@ from .audio.source import AudioSource, as_fraction, frame_sample, frames_for_sam
 from .avatar.packet import Packet
 from .compose.banner import random_weights_banner
 from .compose.colour import nv12_to_rgb
-from .compose.splice import splice_nv12
+from .compose.splice import roi_offsets, splice_nv12
 from .accel.host_copy import to_host_async
 from .engines.base import AvatarLayer, Engine, pingpong_index
 from .engines.batching import RenderBatcher
@@ -76,6 +76,8 @@ class StreamSession:
         self.batcher = renderer if isinstance(renderer, RenderBatcher) else None
         self.renderer = self.batcher.render if self.batcher is not None else (renderer or engine.render)
         self.render_wait_s = 0.0  # summed time inside render calls (the shared batch's queue and launch)
+        self._loop_index: torch.Tensor | None = None  # `_index`'s table
+        self._roi_offsets: torch.Tensor | None = None  # the avatar's `roi_offsets`, made at the first splice
         self.layer = layer
         self.background = background
         self.fps = fps
@@ -90,13 +92,23 @@ class StreamSession:
             self.driver.push(self.conditioner.take(n))
 
     def _index(self, frame_start: int, n: int) -> torch.Tensor:
-        return pingpong_index(torch.arange(frame_start, frame_start + n, device=self.layer.device), self.layer.n_frames)
+        """Avatar frames of output frames [frame_start, +n): a slice of the ping-pong loop's index
+        table (no kernel; the table is made once), or computed where n exceeds a loop."""
+        period = 2 * self.layer.n_frames
+        if n > period or self.layer.n_frames <= 1:
+            return pingpong_index(torch.arange(frame_start, frame_start + n, device=self.layer.device), self.layer.n_frames)
+        if self._loop_index is None:  # two periods, so every window of <= one period is one slice
+            self._loop_index = pingpong_index(torch.arange(2 * period, device=self.layer.device), self.layer.n_frames)
+        s = frame_start % period
+        return self._loop_index[s:s + n]
 
     @torch.inference_mode()
     def _compose(self, rois: torch.Tensor, idx: torch.Tensor, output: Output) -> torch.Tensor:
         """The rendered faces spliced into their background frames, banner drawn, as `output`."""
         bg = self.background.gather(idx)
-        frames = splice_nv12(bg, rois, self.layer.masks.index_select(0, idx), self.layer.origins.index_select(0, idx), out=bg)
+        if self._roi_offsets is None:  # once per session: each splice then gathers its frames' rows
+            self._roi_offsets = roi_offsets(self.layer.origins.to(bg.device), (bg.shape[1] * 2 // 3, bg.shape[2]))
+        frames = splice_nv12(bg, rois, self.layer.masks.index_select(0, idx), offsets=self._roi_offsets.index_select(0, idx), out=bg)
         if self.banner is not None:
             self.banner.apply_(frames)
         if output == "rgb":

@@ -39,6 +39,8 @@ __all__ = [
     "YuvCoefficients",
     "yuv_coefficients",
     "rgb_to_yuv_planes",
+    "rgb_to_y",
+    "rgb_to_uv",
     "yuv_planes_to_rgb",
     "rgb_to_nv12",
     "nv12_to_rgb",
@@ -162,18 +164,41 @@ def rgb_to_yuv_planes(
     Unrounded and unclamped, so blending in these planes loses nothing before the final
     :func:`quantize_uint8`. UV comes from the 2x2 average of RGB.
     """
+    x, fwd, off = _planes_input(rgb, matrix, full_range, "rgb_to_yuv_planes")
+    return _luma(x, fwd, off), _chroma(x, fwd, off)
+
+
+def rgb_to_y(rgb: torch.Tensor, matrix: Matrix = "bt709", full_range: bool = False) -> torch.Tensor:
+    """The ``Y`` of :func:`rgb_to_yuv_planes` alone (the same operations, so the same values): for a
+    caller that needs one plane, at half the kernels (a live splice launches from many threads)."""
+    return _luma(*_planes_input(rgb, matrix, full_range, "rgb_to_y"))
+
+
+def rgb_to_uv(rgb: torch.Tensor, matrix: Matrix = "bt709", full_range: bool = False) -> torch.Tensor:
+    """The ``UV`` of :func:`rgb_to_yuv_planes` alone (see :func:`rgb_to_y`)."""
+    return _chroma(*_planes_input(rgb, matrix, full_range, "rgb_to_uv"))
+
+
+def _planes_input(rgb: torch.Tensor | np.ndarray, matrix: Matrix, full_range: bool,
+                  what: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Checked float RGB in 0..255 and the forward coefficients on its device."""
     rgb = _as_tensor(rgb, "rgb")
     if rgb.ndim < 3 or rgb.shape[-1] != 3:
         raise ValueError(f"RGB must have shape (..., H, W, 3), got {tuple(rgb.shape)}")
-    h, w = rgb.shape[-3], rgb.shape[-2]
-    _check_even(h, w, "rgb_to_yuv_planes")
+    _check_even(rgb.shape[-3], rgb.shape[-2], what)
     x = _rgb_float(rgb)
     fwd, off, _, _ = yuv_coefficients(matrix, full_range).tensors(x.device)
-    y = x @ fwd[0] + off[0]
-    lead = x.shape[:-3]
-    blocks = x.reshape(*lead, h // 2, 2, w // 2, 2, 3).mean(dim=(-4, -2))
-    uv = blocks @ fwd[1:].T + off[1:]
-    return y, uv
+    return x, fwd, off
+
+
+def _luma(x: torch.Tensor, fwd: torch.Tensor, off: torch.Tensor) -> torch.Tensor:
+    return x @ fwd[0] + off[0]
+
+
+def _chroma(x: torch.Tensor, fwd: torch.Tensor, off: torch.Tensor) -> torch.Tensor:
+    h, w = x.shape[-3], x.shape[-2]
+    blocks = x.reshape(*x.shape[:-3], h // 2, 2, w // 2, 2, 3).mean(dim=(-4, -2))
+    return blocks @ fwd[1:].T + off[1:]
 
 
 def yuv_planes_to_rgb(

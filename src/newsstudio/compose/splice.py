@@ -9,10 +9,34 @@ Python loop), on whatever device the tensors live on.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 import torch.nn.functional as F
 
-from .colour import rgb_to_yuv_planes, yuv_coefficients
+from ..accel.host_copy import to_device
+from .colour import rgb_to_uv, rgb_to_y, yuv_coefficients
+
+
+def roi_offsets(origins: torch.Tensor, frame_hw: tuple[int, int]) -> torch.Tensor:
+    """(B, 2) int64: where each ROI starts in an NV12 frame's flat bytes, in the Y plane and in the
+    interleaved UV plane (relative to the UV plane's start). An avatar's are computed once: per
+    splice they are one gather instead of a dozen index kernels."""
+    w = frame_hw[1]
+    x0, y0 = origins[:, 0].long(), origins[:, 1].long()
+    return torch.stack([y0 * w + x0, (y0 // 2) * w + x0], dim=1)
+
+
+@lru_cache(maxsize=32)
+def roi_base_indices(roi_hw: tuple[int, int], frame_hw: tuple[int, int], device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat byte offsets of an ROI's Y samples and interleaved UV samples relative to its
+    `roi_offsets`, the same for every frame (cached per geometry and device)."""
+    hr, wr = roi_hw
+    h, w = frame_hw
+    cols = torch.arange(wr).view(1, -1)
+    base_y = (torch.arange(hr).view(-1, 1) * w + cols).reshape(-1)
+    base_uv = (h * w + torch.arange(hr // 2).view(-1, 1) * w + cols).reshape(-1)
+    return to_device(base_y, device), to_device(base_uv, device)
 
 
 def roi_flat_indices(origins: torch.Tensor, roi_hw: tuple[int, int], frame_hw: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -20,17 +44,12 @@ def roi_flat_indices(origins: torch.Tensor, roi_hw: tuple[int, int], frame_hw: t
 
     origins: (B, 2) integer (x0, y0), both even. Returns (idx_y (B, Hr*Wr), idx_uv (B, Hr/2*Wr)).
     """
-    hr, wr = roi_hw
-    h, w = frame_hw
-    dev = origins.device
-    x0 = origins[:, 0].long().view(-1, 1, 1)
-    y0 = origins[:, 1].long().view(-1, 1, 1)
-    rows = torch.arange(hr, device=dev).view(1, -1, 1)
-    cols = torch.arange(wr, device=dev).view(1, 1, -1)
-    idx_y = ((y0 + rows) * w + x0 + cols).reshape(origins.shape[0], -1)
-    rows_uv = torch.arange(hr // 2, device=dev).view(1, -1, 1)
-    idx_uv = (h * w + (y0 // 2 + rows_uv) * w + x0 + cols).reshape(origins.shape[0], -1)
-    return idx_y, idx_uv
+    return _flat_indices(roi_offsets(origins, frame_hw), roi_hw, frame_hw)
+
+
+def _flat_indices(offsets: torch.Tensor, roi_hw: tuple[int, int], frame_hw: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    base_y, base_uv = roi_base_indices(tuple(roi_hw), tuple(frame_hw), str(offsets.device))
+    return base_y + offsets[:, :1], base_uv + offsets[:, 1:]
 
 
 def check_roi_geometry(origins: torch.Tensor, roi_hw: tuple[int, int], frame_hw: tuple[int, int]) -> None:
@@ -51,8 +70,9 @@ def splice_nv12(
     background: torch.Tensor,
     roi_rgb: torch.Tensor,
     mask: torch.Tensor,
-    origins: torch.Tensor,
+    origins: torch.Tensor | None = None,
     *,
+    offsets: torch.Tensor | None = None,
     matrix: str = "bt709",
     full_range: bool = False,
     out: torch.Tensor | None = None,
@@ -62,15 +82,20 @@ def splice_nv12(
     background: (B, H*3//2, W) uint8 NV12 frames (not modified).
     roi_rgb: (B, Hr, Wr, 3) RGB, uint8 or float in [0, 255].
     mask: (B, Hr, Wr) float in [0, 1] (1 = take the ROI).
-    origins: (B, 2) even (x0, y0) of each ROI in the frame.
+    origins: (B, 2) even (x0, y0) of each ROI in the frame; or ``offsets``, their `roi_offsets`
+    (a live session gathers its avatar's, computed once).
     out: optional preallocated (B, H*3//2, W) uint8 buffer (may be `background` itself).
     Returns the spliced NV12 frames (uint8, same device).
     """
     b, h3, w = background.shape
     h = h3 * 2 // 3
     hr, wr = int(roi_rgb.shape[1]), int(roi_rgb.shape[2])
-    if roi_rgb.shape[0] != b or mask.shape != (b, hr, wr) or origins.shape != (b, 2):
-        raise ValueError(f"batch shapes disagree: background {tuple(background.shape)}, roi {tuple(roi_rgb.shape)}, mask {tuple(mask.shape)}, origins {tuple(origins.shape)}")
+    if (origins is None) == (offsets is None):
+        raise ValueError("give the ROIs' origins or their offsets, not both")
+    where = origins if origins is not None else offsets
+    assert where is not None
+    if roi_rgb.shape[0] != b or mask.shape != (b, hr, wr) or where.shape != (b, 2):
+        raise ValueError(f"batch shapes disagree: background {tuple(background.shape)}, roi {tuple(roi_rgb.shape)}, mask {tuple(mask.shape)}, origins {tuple(where.shape)}")
     if out is None:
         out = background.clone()
     elif out.data_ptr() != background.data_ptr():
@@ -78,14 +103,17 @@ def splice_nv12(
     if b == 0:
         return out
     dev = background.device
-    idx_y, idx_uv = roi_flat_indices(origins.to(dev), (hr, wr), (h, w))
+    if offsets is None:
+        assert origins is not None
+        offsets = roi_offsets(origins.to(dev), (h, w))
+    idx_y, idx_uv = _flat_indices(offsets.to(dev), (hr, wr), (h, w))
     flat = out.view(b, -1)
     rgb = roi_rgb.float() * (1.0 / 255.0)  # colour functions take floats in [0, 1]
     m = mask.to(dev, torch.float32)
-    y, _ = rgb_to_yuv_planes(rgb, matrix=matrix, full_range=full_range)
+    y = rgb_to_y(rgb, matrix=matrix, full_range=full_range)
     # Chroma blended exactly like "composite in RGB, then subsample": the block mean of
     # m * roi (premultiplied) plus (1 - block mean of m) times the background chroma.
-    _, uv_pre = rgb_to_yuv_planes(rgb * m.unsqueeze(-1), matrix=matrix, full_range=full_range)
+    uv_pre = rgb_to_uv(rgb * m.unsqueeze(-1), matrix=matrix, full_range=full_range)
     uv_off = yuv_coefficients(matrix, full_range).tensors(dev)[1][1:]
     m_uv = F.avg_pool2d(m.unsqueeze(1), 2).squeeze(1).unsqueeze(-1)  # (B, Hr/2, Wr/2, 1)
 
