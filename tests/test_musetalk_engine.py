@@ -220,6 +220,20 @@ def test_grid_resize_matches_cv2_inter_linear(box):
     assert (d > 0).mean() < 0.2
 
 
+def test_grid_gathered_from_an_avatars_axes_equals_the_batchs_own_grid():
+    """A render batch gathers its frames' rows of the grid axes the avatar computed once at load:
+    the grid (and so the resized faces) must be the one `box_grid` makes for the batch's boxes."""
+    g = torch.Generator().manual_seed(4)
+    lo = torch.rand(40, 2, generator=g) * 100
+    boxes = torch.cat([lo, lo + 60 + torch.rand(40, 2, generator=g) * 150], dim=1)
+    gx, gy = mp.box_grid_axes(boxes, (260, 300))
+    idx = torch.tensor([7, 3, 3, 39, 0, 12])
+    gathered = mp.grid_from_axes(gx.index_select(0, idx), gy.index_select(0, idx))
+    assert torch.equal(gathered, mp.box_grid(boxes.index_select(0, idx), (260, 300)))
+    crops = torch.rand(6, 3, 64, 64, generator=g)
+    assert torch.equal(mp.resize_with_grid(crops, gathered), mp.resize_into_boxes(crops, boxes.index_select(0, idx), (260, 300)))
+
+
 def test_roi_geometry_edges():
     boxes = np.array([[0, 0, 31, 41], [289, 215, 320, 256], [101, 33, 131, 73]])
     (hr, wr), org, rel = mp.roi_geometry(boxes, (320, 256))

@@ -46,7 +46,8 @@ from ..batching import TensorBatcher
 from ..model_cache import ModelCache
 from .audio_features import (SAMPLE_RATE, PositionalEncoding, StatesFn, StreamingAudioFeatures, audio_prompts,
                              encoder_hidden_states, log_mel)
-from .prebake import PrebakeOptions, prebake_mismatch, prebake_musetalk, resize_into_boxes, vae_fingerprint
+from .prebake import (PrebakeOptions, box_grid_axes, grid_from_axes, prebake_mismatch, prebake_musetalk,
+                      resize_with_grid, vae_fingerprint)
 from .vae import scaling_factor_of
 from .weights import (
     UNET_CONFIG,
@@ -382,7 +383,9 @@ class MuseTalkEngine(Engine):
         n = packet.n_frames
         if latents.shape != (n, 8, 32, 32) or masks.shape != (n, hr, wr) or origins.shape != (n, 2) or boxes.shape != (n, 4):
             raise PacketError(f"avatar {packet.id!r}: MuseTalk arrays have inconsistent shapes")
-        return AvatarLayer(self.name, packet, dev, (hr, wr), origins, masks, {"latents": latents, "boxes": boxes})
+        gx, gy = box_grid_axes(boxes, (hr, wr))  # once per avatar: each render batch gathers its frames' rows
+        return AvatarLayer(self.name, packet, dev, (hr, wr), origins, masks,
+                           {"latents": latents, "boxes": boxes, "grid_x": gx, "grid_y": gy})
 
     # -- stages -----------------------------------------------------------------------------
     def conditioner(self, fps: float) -> FrameQueue:
@@ -420,7 +423,8 @@ class MuseTalkEngine(Engine):
             s = 0
             for run, idx in zip(runs, idxs):
                 layer, n = items[run[0]][0], int(idx.shape[0])
-                resized = resize_into_boxes(faces[s:s + n], layer.data["boxes"].index_select(0, idx), layer.roi_hw)
+                grid = grid_from_axes(layer.data["grid_x"].index_select(0, idx), layer.data["grid_y"].index_select(0, idx))
+                resized = resize_with_grid(faces[s:s + n], grid)
                 out += list(torch.split(resized, [int(items[k][2].shape[0]) for k in run]))
                 s += n
             return out

@@ -177,6 +177,13 @@ def box_grid(boxes: torch.Tensor, roi_hw: tuple[int, int]) -> torch.Tensor:
     box ``[x1, x2)`` reads source coordinate ``(x - x1 + 0.5) * S / (x2 - x1) - 0.5``, exactly
     cv2.resize's INTER_LINEAR mapping (with edge replication); pixels outside the box clamp to the
     crop's border (their alpha is 0)."""
+    return grid_from_axes(*box_grid_axes(boxes, roi_hw))
+
+
+def box_grid_axes(boxes: torch.Tensor, roi_hw: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The separable parts of :func:`box_grid`: ``gx`` (B, Wr) and ``gy`` (B, Hr). An avatar's are
+    computed once at load, so a render batch gathers its frames' rows instead of launching a
+    dozen small kernels on the render thread."""
     hr, wr = roi_hw
     b = boxes.to(torch.float32)
     dev = b.device
@@ -184,14 +191,23 @@ def box_grid(boxes: torch.Tensor, roi_hw: tuple[int, int]) -> torch.Tensor:
     ys = torch.arange(hr, device=dev, dtype=torch.float32) + 0.5
     gx = (xs[None, :] - b[:, 0:1]) * (2.0 / (b[:, 2:3] - b[:, 0:1])) - 1.0  # (B, Wr)
     gy = (ys[None, :] - b[:, 1:2]) * (2.0 / (b[:, 3:4] - b[:, 1:2])) - 1.0  # (B, Hr)
-    n = b.shape[0]
+    return gx, gy
+
+
+def grid_from_axes(gx: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
+    """(B, Hr, Wr, 2) sampling grid from :func:`box_grid_axes`' parts."""
+    n, hr, wr = gx.shape[0], gy.shape[1], gx.shape[1]
     return torch.stack([gx[:, None, :].expand(n, hr, wr), gy[:, :, None].expand(n, hr, wr)], dim=-1)
 
 
 def resize_into_boxes(crops: torch.Tensor, boxes: torch.Tensor, roi_hw: tuple[int, int]) -> torch.Tensor:
     """Crops (B, 3, S, S) -> (B, Hr, Wr, 3) float32, each resized into its box (bilinear,
     = cv2 INTER_LINEAR up to its fixed-point rounding)."""
-    grid = box_grid(boxes.to(crops.device), roi_hw)
+    return resize_with_grid(crops, box_grid(boxes.to(crops.device), roi_hw))
+
+
+def resize_with_grid(crops: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    """:func:`resize_into_boxes` with the boxes' grid given (gathered from an avatar's axes)."""
     out = F.grid_sample(crops.to(torch.float32), grid, mode="bilinear", padding_mode="border", align_corners=False)
     return out.permute(0, 2, 3, 1)
 
