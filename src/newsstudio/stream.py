@@ -93,12 +93,11 @@ class StreamSession:
 
     def _index(self, frame_start: int, n: int) -> torch.Tensor:
         """Avatar frames of output frames [frame_start, +n): a slice of the ping-pong loop's index
-        table (no kernel; the table is made once), or computed where n exceeds a loop."""
-        period = 2 * self.layer.n_frames
-        if n > period or self.layer.n_frames <= 1:
-            return pingpong_index(torch.arange(frame_start, frame_start + n, device=self.layer.device), self.layer.n_frames)
-        if self._loop_index is None:  # two periods, so every window of <= one period is one slice
-            self._loop_index = pingpong_index(torch.arange(2 * period, device=self.layer.device), self.layer.n_frames)
+        table (no kernel; the table is made once, longer if a request outgrows it)."""
+        period = 2 * max(1, self.layer.n_frames)
+        if self._loop_index is None or self._loop_index.shape[0] < period + n:  # any window is one slice
+            length = period + max(period, n, 64)
+            self._loop_index = pingpong_index(torch.arange(length, device=self.layer.device), self.layer.n_frames)
         s = frame_start % period
         return self._loop_index[s:s + n]
 
