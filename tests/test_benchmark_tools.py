@@ -84,3 +84,53 @@ def test_bucket_timing_times_the_render_runner_per_batch_size(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "benchmarks.bucket_timing", "--sizes", "0"], cwd=Path(__file__).resolve().parents[1],
                          capture_output=True, text=True, timeout=120, check=False)
     assert bad.returncode != 0 and "--sizes" in bad.stderr
+
+
+def test_pyspy_summary_groups_threads_and_finds_where_ours_were(tmp_path):
+    """py-spy's raw `--threads` lines: samples per thread (pool threads as one row), the share of
+    the samples possible, and the innermost frame of our own code for the threads asked about."""
+    from benchmarks.pyspy_summary import parse, summarize
+
+    raw = tmp_path / "gil.txt"
+    raw.write_text(
+        "thread (11): render-batcher-musetalk;Thread.run (threading.py:1010);Batcher._loop (newsstudio/engines/batching.py:257);"
+        "MuseTalkEngine.render_many (newsstudio/engines/musetalk/engine.py:423);wrapped (torch/_tensor.py:47) 30\n"
+        "thread (12): newsstudio-live_0;_worker (thread.py:89);_pack (newsstudio/server/ws.py:78) 20\n"
+        "thread (13): newsstudio-live_1;_worker (thread.py:89);_pack (newsstudio/server/ws.py:78) 10\n"
+        "a line that is not a sample\n")
+    threads = parse(raw)
+    assert sum(threads["newsstudio-live_0"].values()) == 20 and sum(threads["render-batcher-musetalk"].values()) == 30
+    text = summarize(raw, rate=100, seconds=1, only=["render-batcher"])
+    assert "60 samples (0.60 of one thread's 100 possible)" in text
+    assert "30 ( 0.30)  newsstudio-live" in text  # the pool's two threads in one row
+    assert "MuseTalkEngine.render_many (engine.py:423) > wrapped (_tensor.py:47)" in text
+
+
+def test_thread_cpu_sees_a_busy_thread_of_a_running_process(tmp_path):
+    """/proc sampling of a real process: a thread spinning for a second shows ~one core, by tid."""
+    import subprocess
+    import sys
+
+    from benchmarks.thread_cpu import summarize, watch
+
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 4: pass"])
+    try:
+        out = tmp_path / "cpu.jsonl"
+        watch(busy.pid, seconds=2.0, interval=0.5, out=out)
+    finally:
+        busy.kill()
+        busy.wait()
+    s = summarize(out, {str(busy.pid): "spinner"}, 0.0, float("inf"))
+    assert s["samples"] >= 3
+    assert s["threads"][0][0] == "spinner" and s["threads"][0][1] > 0.5
+
+
+def test_launch_count_splits_a_live_requests_kernels_by_where_they_run():
+    """benchmarks.launch_count on the classic engine: the session's own kernels (splice, copy) and
+    the render's are counted apart, and a splice's gathers and scatters are among the session's."""
+    from benchmarks.launch_count import count
+
+    parts = count("classic", frames=4, size=128)
+    session, render = parts["session"], parts["render thread"]
+    assert session.get("gather", 0) == 2 and session.get("scatter_.src", 0) == 2
+    assert sum(render.values()) > 0 and "networks" not in parts  # classic has no graphed networks
