@@ -67,9 +67,10 @@ def count(engine_name: str, frames: int, size: int) -> dict[str, dict[str, int]]
         packet = avatar(src, "launches", (size, size), Path(d) / "avatars")
         layer = engine.load_avatar(packet)
         counter = LaunchCounter()
-        runner = getattr(engine, "_face_runner", None)
-        if runner is not None:  # MuseTalk: the networks are one CUDA graph on a GPU
-            engine._face_runner = labelled(counter, "networks", runner)
+        for name in ("_face_runner", "_crop_runner"):  # MuseTalk's, Ditto's networks: one CUDA graph on a GPU
+            runner = getattr(engine, name, None)
+            if runner is not None:
+                setattr(engine, name, labelled(counter, "networks", runner))
         session = StreamSession(engine, layer, background_for(engine, packet), Fraction(25),
                                 renderer=labelled(counter, "render thread", engine.render))
         driving = engine.idle_driving(frames)
