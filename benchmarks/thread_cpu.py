@@ -28,6 +28,14 @@ def _cpu_ticks(stat_path: Path) -> int | None:
     return int(fields[11]) + int(fields[12])  # utime + stime (fields 14, 15 of stat)
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    ticks = _cpu_ticks(Path(f"/proc/{pid}/stat"))
+    if ticks is None:
+        raise ProcessLookupError(f"no /proc/{pid}/stat")
+    return ticks / TICK
+
+
 def _children(pid: int) -> list[int]:
     out: list[int] = []
     for task in Path(f"/proc/{pid}/task").glob("*"):

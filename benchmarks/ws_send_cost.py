@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import socket
 import subprocess
 import sys
 import time
+
+from .thread_cpu import process_cpu_s
 
 SERVER = """
 import sys, uvicorn
@@ -30,11 +31,6 @@ async def ws(w: WebSocket):
     await w.close()
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), ws=sys.argv[2], ws_per_message_deflate=False, log_level="warning")
 """
-
-
-def cpu_s(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def receive(port: int, n: int) -> int:
@@ -66,9 +62,9 @@ def measure(impl: str, messages: int, size: int) -> tuple[float, float, float]:
             except OSError:
                 time.sleep(0.1)
         asyncio.run(receive(port, 5))  # warm
-        c0, t0 = cpu_s(p.pid), time.perf_counter()
+        c0, t0 = process_cpu_s(p.pid), time.perf_counter()
         got = asyncio.run(receive(port, messages))
-        return got / 1e9, time.perf_counter() - t0, cpu_s(p.pid) - c0
+        return got / 1e9, time.perf_counter() - t0, process_cpu_s(p.pid) - c0
     finally:
         p.terminate()
         p.wait()

@@ -59,6 +59,11 @@ class BackgroundFrames:
         self.device = device
         self.frames = frames.to(device) if device.type != "cpu" else frames
 
+    @property
+    def frame_hw(self) -> tuple[int, int]:
+        """(height, width) of the frames (an NV12 frame holds 1.5x its height in rows)."""
+        return int(self.frames.shape[1]) * 2 // 3, int(self.frames.shape[2])
+
     def gather(self, idx: torch.Tensor) -> torch.Tensor:
         return self.frames.index_select(0, idx.to(self.frames.device)).to(self.device, non_blocking=True)
 
@@ -77,9 +82,10 @@ class StreamSession:
         self.renderer = self.batcher.render if self.batcher is not None else (renderer or engine.render)
         self.render_wait_s = 0.0  # summed time inside render calls (the shared batch's queue and launch)
         self._loop_index: torch.Tensor | None = None  # `_index`'s table
-        self._roi_offsets: torch.Tensor | None = None  # the avatar's `roi_offsets`, made at the first splice
         self.layer = layer
         self.background = background
+        # once per session: each splice gathers its frames' rows
+        self._roi_offsets = roi_offsets(layer.origins.to(background.device), background.frame_hw)
         self.fps = fps
         self.conditioner = engine.conditioner(float(fps))
         self.driver = engine.driver(layer, float(fps))
@@ -105,8 +111,6 @@ class StreamSession:
     def _compose(self, rois: torch.Tensor, idx: torch.Tensor, output: Output) -> torch.Tensor:
         """The rendered faces spliced into their background frames, banner drawn, as `output`."""
         bg = self.background.gather(idx)
-        if self._roi_offsets is None:  # once per session: each splice then gathers its frames' rows
-            self._roi_offsets = roi_offsets(self.layer.origins.to(bg.device), (bg.shape[1] * 2 // 3, bg.shape[2]))
         frames = splice_nv12(bg, rois, self.layer.masks.index_select(0, idx), offsets=self._roi_offsets.index_select(0, idx), out=bg)
         if self.banner is not None:
             self.banner.apply_(frames)

@@ -39,14 +39,6 @@ def roi_base_indices(roi_hw: tuple[int, int], frame_hw: tuple[int, int], device:
     return to_device(base_y, device), to_device(base_uv, device)
 
 
-def roi_flat_indices(origins: torch.Tensor, roi_hw: tuple[int, int], frame_hw: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flat byte offsets of each ROI's Y samples and interleaved UV samples inside an NV12 frame.
-
-    origins: (B, 2) integer (x0, y0), both even. Returns (idx_y (B, Hr*Wr), idx_uv (B, Hr/2*Wr)).
-    """
-    return _flat_indices(roi_offsets(origins, frame_hw), roi_hw, frame_hw)
-
-
 def _flat_indices(offsets: torch.Tensor, roi_hw: tuple[int, int], frame_hw: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
     base_y, base_uv = roi_base_indices(tuple(roi_hw), tuple(frame_hw), str(offsets.device))
     return base_y + offsets[:, :1], base_uv + offsets[:, 1:]

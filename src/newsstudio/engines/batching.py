@@ -328,6 +328,13 @@ class Batcher(Generic[T, R]):
 COMPOSE_MODES = ("session", "worker", "stream")
 
 
+def check_compose(mode: str) -> str:
+    """``mode`` if it is one of `COMPOSE_MODES`, else a ValueError naming them."""
+    if mode not in COMPOSE_MODES:
+        raise ValueError(f"compose must be one of {', '.join(COMPOSE_MODES)}, got {mode!r}")
+    return mode
+
+
 class RenderBatcher(Batcher[tuple[AvatarLayer, torch.Tensor, torch.Tensor], torch.Tensor]):
     """`render(layer, driving, frame_idx)` with the engine's signature, from any thread, through
     one `engine.render_many` call per batch (see the module doc).
@@ -346,15 +353,12 @@ class RenderBatcher(Batcher[tuple[AvatarLayer, torch.Tensor, torch.Tensor], torc
                          window_s=window_s, autostart=autostart, name=f"render-batcher-{engine.name}",
                          device=engine.device, max_in_flight=max_in_flight)
         self.engine = engine
-        self.compose = "session"
-        self.set_compose(compose)
+        self.compose = check_compose(compose)
         self._compose_stream: torch.cuda.Stream | None = None
 
     def set_compose(self, mode: str) -> None:
         """Where sessions compose from their next render on (see the class doc)."""
-        if mode not in COMPOSE_MODES:
-            raise ValueError(f"compose must be one of {', '.join(COMPOSE_MODES)}, got {mode!r}")
-        self.compose = mode
+        self.compose = check_compose(mode)
 
     def compose_stream(self) -> torch.cuda.Stream:
         """The CUDA stream sessions compose on in "stream" mode: one for all of them (their splices

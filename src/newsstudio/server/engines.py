@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from ..engines.base import Engine
-from ..engines.batching import COMPOSE_MODES, Batcher, RenderBatcher
+from ..engines.batching import Batcher, RenderBatcher, check_compose
 from ..engines.registry import ENGINES, check_accel, create_engine, default_engine, engine_options
 
 log = logging.getLogger(__name__)
@@ -23,9 +23,7 @@ class EnginePool:
                  batch_sessions: bool = True, front_end_streams: bool = True, render_in_flight: int = 0,
                  stall_s: float | None = None, front_end_tf32: bool = True, compose: str = "stream"):
         self.device = device
-        if compose not in COMPOSE_MODES:  # before any session
-            raise ValueError(f"compose must be one of {', '.join(COMPOSE_MODES)}, got {compose!r}")
-        self.compose = compose  # ServerConfig.compose: the render batchers' `RenderBatcher.compose`
+        self.compose = check_compose(compose)  # ServerConfig.compose (checked before any session): the render batchers' mode
         self.front_end_tf32 = front_end_tf32
         self.stall_s = stall_s  # every shared batcher's `Batcher.stall_s`
         self.batch_sessions = batch_sessions
@@ -108,10 +106,10 @@ class EnginePool:
     def set_compose(self, mode: str) -> None:
         """`ServerConfig.compose` for the render batchers made from now on and those running (their
         sessions' next renders)."""
+        self.compose = check_compose(mode)
         for b in list(self._batchers.values()):
             if isinstance(b, RenderBatcher):
                 b.set_compose(mode)
-        self.compose = mode
 
     def set_front_end_streams(self, on: bool) -> None:
         """`ServerConfig.front_end_streams` for the front-end batchers made from now on and those

@@ -385,7 +385,7 @@ class MuseTalkEngine(Engine):
             raise PacketError(f"avatar {packet.id!r}: MuseTalk arrays have inconsistent shapes")
         gx, gy = box_grid_axes(boxes, (hr, wr))  # once per avatar: each render batch gathers its frames' rows
         return AvatarLayer(self.name, packet, dev, (hr, wr), origins, masks,
-                           {"latents": latents, "boxes": boxes, "grid_x": gx, "grid_y": gy})
+                           {"latents": latents, "grid_x": gx, "grid_y": gy})
 
     # -- stages -----------------------------------------------------------------------------
     def conditioner(self, fps: float) -> FrameQueue:
