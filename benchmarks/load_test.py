@@ -96,6 +96,17 @@ def compose_list(spec: str | None) -> list[str]:
     return modes
 
 
+def format_list(spec: str) -> list[str]:
+    """``--format``: the stream formats to sweep, in order (checked before a server starts)."""
+    from newsstudio.server.ws import STREAM_FORMATS
+
+    formats = spec.split(",")
+    bad = [f for f in formats if f not in STREAM_FORMATS]
+    if bad:
+        raise SystemExit(f"--format takes {', '.join(STREAM_FORMATS)} or a comma-separated list of them, got {bad[0]!r}")
+    return formats
+
+
 def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
     """Every combination of the swept server settings, as (label, apply): each session count runs
     once under each. Settings other than the switch interval need the server started here."""
@@ -108,12 +119,15 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
     out = []
     on_clock = args.send_on_clock if cfg is not None and args.send_on_clock else [None]
     compose = args.compose if cfg is not None and args.compose else [None]
-    for si, lead, paced, ahead, in_flight, own, rows, mode in itertools.product(
+    formats = args.formats if len(getattr(args, "formats", [])) > 1 else [None]  # the clients' choice: any server
+    for si, lead, paced, ahead, in_flight, own, rows, mode, fmt in itertools.product(
             values(args.switch_intervals, float, local=False), values(args.render_leads, float), on_clock,
             values(args.render_aheads, int), values(args.render_in_flight, int), front_end,
-            values(args.live_update_rows, int), compose):
+            values(args.live_update_rows, int), compose, formats):
         def apply(si=si, lead=lead, paced=paced, ahead=ahead, in_flight=in_flight, own=own, rows=rows,
-                  mode=mode) -> None:
+                  mode=mode, fmt=fmt) -> None:
+            if fmt is not None:
+                args.format = fmt  # what the next level's clients ask for
             if si is not None:
                 sys.setswitchinterval(si)  # the server's GIL hand-off (it runs in this process)
             if lead is not None:
@@ -145,7 +159,8 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
             None if in_flight is None else f"render batches in flight {in_flight or 'unbounded'}",
             None if own is None else f"front-end streams {'on' if own else 'off'}",
             None if rows is None else f"MuseTalk features every {rows * 20} ms",
-            None if mode is None else f"compose: {mode}") if part)
+            None if mode is None else f"compose: {mode}",
+            None if fmt is None else f"{fmt} chunks") if part)
         out.append((label, apply))
     return out
 
@@ -406,7 +421,8 @@ def main() -> None:
     ap.add_argument("--fps", type=float, default=25.0, help="frame rate of the sessions (the goal is stated at 30)")
     ap.add_argument("--accel", default="auto", help="neural engines on CUDA: auto (compile+cudagraph), cudagraph, ...")
     ap.add_argument("--no-batch", action="store_true", help="sessions render separately instead of through the shared RenderBatcher")
-    ap.add_argument("--format", default="nv12", choices=("nv12", "h264"))
+    ap.add_argument("--format", default="nv12",
+                    help="what the clients ask for: nv12 (raw frames), h264 (encoded chunks), or a comma-separated list to sweep")
     ap.add_argument("--chunk-frames", type=int, default=2)
     ap.add_argument("--playout-ms", type=float, default=100.0,
                     help="the client's playout buffer: a chunk is on time within it (at least one chunk)")
@@ -461,6 +477,8 @@ def main() -> None:
     args.front_end_streams = on_off_list(args.front_end_streams)  # checked before a server starts
     args.send_on_clock = on_off_list(args.send_on_clock, "--send-on-clock")
     args.compose = compose_list(args.compose)
+    args.formats = format_list(args.format)
+    args.format = args.formats[0]
     t0 = time.monotonic()
     args.sessions = [int(x) for x in args.sessions.split(",") if x]
     pcm, sr = load_speech(args.speech)
@@ -501,7 +519,7 @@ def main() -> None:
                      "render_in_flight": getattr(server_cfg, "render_in_flight", 0),
                      "front_end_streams": bool(getattr(server_cfg, "front_end_streams", False)),
                      "live_update_rows": live_update_rows() if server_cfg is not None else None,
-                     "compose": getattr(server_cfg, "compose", None)})
+                     "compose": getattr(server_cfg, "compose", None), "format": args.format})
         r = rows[-1]
         print(f"[{time.monotonic() - t0:.0f} s] {n} sessions: {r['sustained']} sustained, {r['errors']} errors {r['error_samples'] or ''}",
               file=sys.stderr)

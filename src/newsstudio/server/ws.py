@@ -55,6 +55,7 @@ CLOSE_TRY_LATER = 1013
 CLOSE_NOT_FOUND = 4404
 MAX_PCM_MESSAGE = 1 << 20
 LATE_S = 0.25
+STREAM_FORMATS = ("nv12", "h264")  # what a client may ask the chunks to be
 
 
 class _Slow(Exception):
@@ -253,8 +254,8 @@ class WsSession:
         if not isinstance(d, dict) or d.get("type") != "start":
             raise _Protocol(CLOSE_POLICY, 'the first message must be {"type": "start", ...}')
         fmt = d.get("format", "nv12")
-        if fmt not in ("nv12", "h264"):
-            raise _Protocol(CLOSE_POLICY, f"format must be 'nv12' or 'h264', got {fmt!r}")
+        if fmt not in STREAM_FORMATS:
+            raise _Protocol(CLOSE_POLICY, f"format must be one of {', '.join(STREAM_FORMATS)}, got {fmt!r}")
         pcm = d.get("pcm", "s16le")
         if pcm not in ("s16le", "f32le"):
             raise _Protocol(CLOSE_POLICY, f"pcm must be 's16le' or 'f32le', got {pcm!r}")
