@@ -452,6 +452,51 @@ def test_ws_session_round_trip_h264(server):
     asyncio.run(_ws_round_trip(server, "h264"))
 
 
+_ENCODE_WHILE_CLOSING = """
+import threading, time
+from fractions import Fraction
+import numpy as np
+from newsstudio.server.video import EncoderClosedError, H264Encoder
+
+frame = np.random.default_rng(0).integers(0, 255, (1080 * 3 // 2, 1080), dtype=np.uint8)
+for trial in range(8):
+    enc = H264Encoder(1080, 1080, Fraction(30))
+    started, outcome = threading.Event(), []
+
+    def work():
+        try:
+            for i in range(40):
+                enc.encode(frame, i)
+                started.set()
+            outcome.append("finished")
+        except EncoderClosedError:
+            outcome.append("closed")
+        started.set()
+
+    t = threading.Thread(target=work)
+    t.start()
+    started.wait()
+    time.sleep(0.002 * (trial % 4))
+    enc.close()
+    enc.close()  # idempotent
+    t.join()
+    assert outcome in (["closed"], ["finished"]), outcome
+print("survived")
+"""
+
+
+def test_h264_encoder_closed_while_a_frame_is_encoded_does_not_take_the_server_down():
+    """The client goes (the pump's ``finally`` closes its encoder on the event loop) while a render
+    thread is encoding that session's frame: libx264 flushed mid-encode aborted an H200 server with
+    12 h264 sessions (``x264_8_frame_push_unused`` assertion) and hangs here. Run in a child
+    process so a regression fails this test instead of killing the test run."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _ENCODE_WHILE_CLOSING], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "survived" in done.stdout, done.stderr[-2000:]
+
+
 def test_ws_chunks_rendered_ahead_go_out_when_due(data_dir):
     """With a render lead, finished chunks are held and each is sent when its first frame is due on
     the session's media clock: never early, and promptly (one render of render_ahead frames makes

@@ -2,6 +2,7 @@
 access-unit encoder for WebSocket clients."""
 from __future__ import annotations
 
+import threading
 from fractions import Fraction
 
 import av
@@ -29,9 +30,18 @@ def video_frame(nv12: np.ndarray) -> av.VideoFrame:
     return frame
 
 
+class EncoderClosedError(RuntimeError):
+    """A frame was given to an encoder after its stream ended."""
+
+
 class H264Encoder:
     """One access unit (Annex B, SPS/PPS repeated on keyframes) per frame, no B-frames, no
-    look-ahead: a frame goes in, its access unit comes out."""
+    look-ahead: a frame goes in, its access unit comes out.
+
+    Thread-safe: `encode` runs on a render thread while `close` comes from the event loop when the
+    client goes; libx264 aborts the whole process (``x264_8_frame_push_unused`` assertion, an H200
+    server with 12 h264 sessions) if it is flushed while a frame is being encoded, so the two take
+    one lock, and a frame that arrives after `close` raises `EncoderClosedError`."""
 
     def __init__(self, width: int, height: int, fps: Fraction, keyint_s: float = 2.0):
         self.ctx = av.CodecContext.create("libx264", "w")
@@ -42,17 +52,27 @@ class H264Encoder:
         keyint = max(1, int(round(float(fps) * keyint_s)))
         self.ctx.options = {"preset": "ultrafast", "tune": "zerolatency", "x264-params": f"keyint={keyint}:min-keyint={keyint}:repeat-headers=1:bframes=0", "crf": "23"}
         self.n = 0
+        self._lock = threading.Lock()
+        self._closed = False
 
     def encode(self, nv12: np.ndarray, frame_index: int) -> bytes:
         f = video_frame(nv12)
         f.pts = frame_index
         f.time_base = self.ctx.time_base
-        packets = self.ctx.encode(f)
-        self.n += 1
+        with self._lock:
+            if self._closed:
+                raise EncoderClosedError("the H.264 stream is closed (its client has gone)")
+            packets = self.ctx.encode(f)
+            self.n += 1
         return b"".join(bytes(p) for p in packets)
 
     def close(self) -> None:
-        try:
-            self.ctx.encode(None)
-        except Exception:  # noqa: BLE001
-            pass
+        """End the stream (waits for a frame being encoded on another thread); idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self.ctx.encode(None)
+            except Exception:  # noqa: BLE001 - flushing a stream nobody reads: nothing to report
+                pass

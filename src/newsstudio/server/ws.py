@@ -403,8 +403,11 @@ class WsSession:
             log.exception("ws pump failed")
             self.closing = (1011, f"internal error while rendering: {type(e).__name__}: {e}"[:120])
         finally:
-            if h264 is not None:
-                h264.close()
+            if h264 is not None:  # on a render thread: it waits for a frame still being encoded there
+                try:
+                    self.state.render_pool.submit(h264.close)
+                except RuntimeError:  # the pool is shut down (server exit): nothing is encoding any more
+                    h264.close()
 
     def _chunk_message(self, k: int, n: int, idx: int, h264: H264Encoder | None) -> bytearray:
         """Frames [k, k+n) rendered, encoded (H.264) or raw, with their audio, as one chunk message.
