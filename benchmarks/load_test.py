@@ -182,8 +182,16 @@ def load_speech(path: str | None) -> tuple[np.ndarray, int]:
     return np.clip(np.rint(a.samples[0] * 32767), -32768, 32767).astype("<i2"), 16000
 
 
-async def client(url: str, args, pcm: np.ndarray, sr: int, stats: dict, stop: asyncio.Event) -> None:
+def start_delays(n: int, stagger_s: float) -> list[float]:
+    """When each of a level's ``n`` sessions connects: all at once (0), or spread evenly over
+    ``stagger_s`` as sessions arriving one by one would be."""
+    return [i * stagger_s / n for i in range(n)]
+
+
+async def client(url: str, args, pcm: np.ndarray, sr: int, stats: dict, stop: asyncio.Event, delay: float = 0.0) -> None:
     from websockets.asyncio.client import connect
+
+    await asyncio.sleep(delay)
 
     ws_url = url.replace("http", "ws", 1) + "/ws"
     st = stats
@@ -269,7 +277,8 @@ def _new_stats() -> dict:
     return {"frames": 0, "speaking": 0, "late": [], "errors": []}
 
 
-def client_group(url: str, n: int, args_dict: dict, pcm: np.ndarray, sr: int, duration: float) -> list[dict]:
+def client_group(url: str, n: int, args_dict: dict, pcm: np.ndarray, sr: int, duration: float,
+                 delays: list[float] | None = None) -> list[dict]:
     """`n` clients for `duration` seconds in this process (run in a child process by --client-processes,
     so receiving and parsing the clients' frames does not take CPU from a server started here)."""
     args = argparse.Namespace(**args_dict)
@@ -277,7 +286,7 @@ def client_group(url: str, n: int, args_dict: dict, pcm: np.ndarray, sr: int, du
     async def main() -> list[dict]:
         stop = asyncio.Event()
         stats = [_new_stats() for _ in range(n)]
-        tasks = [asyncio.ensure_future(client(url, args, pcm, sr, s, stop)) for s in stats]
+        tasks = [asyncio.ensure_future(client(url, args, pcm, sr, s, stop, d)) for s, d in zip(stats, delays or [0.0] * n)]
         await asyncio.sleep(duration)
         stop.set()
         await asyncio.gather(*tasks)
@@ -290,6 +299,7 @@ async def run_level(url: str, n: int, args, pcm, sr) -> dict:
     stop = asyncio.Event()
     stats = [_new_stats() for _ in range(n)]
     groups = min(max(1, args.client_processes), n)
+    delays = start_delays(n, getattr(args, "stagger_s", 0.0))
     pool = None
     async with httpx.AsyncClient(base_url=url, timeout=30) as c:
         before = (await c.get("/metrics")).json()
@@ -300,9 +310,11 @@ async def run_level(url: str, n: int, args, pcm, sr) -> dict:
             pool = ProcessPoolExecutor(groups, mp_context=multiprocessing.get_context("spawn"))
             loop = asyncio.get_running_loop()
             sizes = [n // groups + (1 if k < n % groups else 0) for k in range(groups)]
-            tasks = [loop.run_in_executor(pool, client_group, url, m, vars(args), pcm, sr, args.duration) for m in sizes]
+            firsts = [sum(sizes[:k]) for k in range(groups)]
+            tasks = [loop.run_in_executor(pool, client_group, url, m, vars(args), pcm, sr, args.duration,
+                                          delays[f:f + m]) for m, f in zip(sizes, firsts)]
         else:
-            tasks = [asyncio.ensure_future(client(url, args, pcm, sr, s, stop)) for s in stats]
+            tasks = [asyncio.ensure_future(client(url, args, pcm, sr, s, stop, d)) for s, d in zip(stats, delays)]
         peak_rss, peak_gpu, fps_seen, lag_p95, lag_max = before["rss_bytes"] or 0, 0, [], [], 0.0
         live: list[dict] = []  # the sessions' own figures, last sample of the level
         t_end = time.monotonic() + args.duration
@@ -424,6 +436,8 @@ def main() -> None:
     ap.add_argument("--format", default="nv12",
                     help="what the clients ask for: nv12 (raw frames), h264 (encoded chunks), or a comma-separated list to sweep")
     ap.add_argument("--chunk-frames", type=int, default=2)
+    ap.add_argument("--stagger-s", type=float, default=0.0,
+                    help="spread the sessions' starts evenly over this many seconds (default: all at once)")
     ap.add_argument("--playout-ms", type=float, default=100.0,
                     help="the client's playout buffer: a chunk is on time within it (at least one chunk)")
     ap.add_argument("--min-speaking", type=float, default=0.3,
