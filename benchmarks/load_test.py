@@ -118,14 +118,17 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
     base_prebuffer = getattr(cfg, "prebuffer_s", 0.0)
     out = []
     on_clock = args.send_on_clock if cfg is not None and args.send_on_clock else [None]
+    spread = args.spread_render_phases if cfg is not None and args.spread_render_phases else [None]
     compose = args.compose if cfg is not None and args.compose else [None]
     formats = args.formats if len(getattr(args, "formats", [])) > 1 else [None]  # the clients' choice: any server
-    for si, lead, paced, ahead, in_flight, own, rows, mode, fmt in itertools.product(
+    for si, lead, paced, ahead, in_flight, own, rows, mode, fmt, phases in itertools.product(
             values(args.switch_intervals, float, local=False), values(args.render_leads, float), on_clock,
             values(args.render_aheads, int), values(args.render_in_flight, int), front_end,
-            values(args.live_update_rows, int), compose, formats):
+            values(args.live_update_rows, int), compose, formats, spread):
         def apply(si=si, lead=lead, paced=paced, ahead=ahead, in_flight=in_flight, own=own, rows=rows,
-                  mode=mode, fmt=fmt) -> None:
+                  mode=mode, fmt=fmt, phases=phases) -> None:
+            if phases is not None:
+                cfg.spread_render_phases = phases  # read as each new session opens
             if fmt is not None:
                 args.format = fmt  # what the next level's clients ask for
             if si is not None:
@@ -160,7 +163,8 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
             None if own is None else f"front-end streams {'on' if own else 'off'}",
             None if rows is None else f"MuseTalk features every {rows * 20} ms",
             None if mode is None else f"compose: {mode}",
-            None if fmt is None else f"{fmt} chunks") if part)
+            None if fmt is None else f"{fmt} chunks",
+            None if phases is None else f"render phases {'spread' if phases else 'as started'}") if part)
         out.append((label, apply))
     return out
 
@@ -436,6 +440,8 @@ def main() -> None:
     ap.add_argument("--format", default="nv12",
                     help="what the clients ask for: nv12 (raw frames), h264 (encoded chunks), or a comma-separated list to sweep")
     ap.add_argument("--chunk-frames", type=int, default=2)
+    ap.add_argument("--spread-render-phases", default=None,
+                    help="ServerConfig.spread_render_phases: on, off, or off,on to sweep (server started here)")
     ap.add_argument("--stagger-s", type=float, default=0.0,
                     help="spread the sessions' starts evenly over this many seconds (default: all at once)")
     ap.add_argument("--playout-ms", type=float, default=100.0,
@@ -490,6 +496,7 @@ def main() -> None:
     args = ap.parse_args()
     args.front_end_streams = on_off_list(args.front_end_streams)  # checked before a server starts
     args.send_on_clock = on_off_list(args.send_on_clock, "--send-on-clock")
+    args.spread_render_phases = on_off_list(args.spread_render_phases, "--spread-render-phases")
     args.compose = compose_list(args.compose)
     args.formats = format_list(args.format)
     args.format = args.formats[0]
@@ -533,7 +540,8 @@ def main() -> None:
                      "render_in_flight": getattr(server_cfg, "render_in_flight", 0),
                      "front_end_streams": bool(getattr(server_cfg, "front_end_streams", False)),
                      "live_update_rows": live_update_rows() if server_cfg is not None else None,
-                     "compose": getattr(server_cfg, "compose", None), "format": args.format})
+                     "compose": getattr(server_cfg, "compose", None), "format": args.format,
+                     "spread_render_phases": bool(getattr(server_cfg, "spread_render_phases", False))})
         r = rows[-1]
         print(f"[{time.monotonic() - t0:.0f} s] {n} sessions: {r['sustained']} sustained, {r['errors']} errors {r['error_samples'] or ''}",
               file=sys.stderr)

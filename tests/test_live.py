@@ -530,3 +530,46 @@ def test_stream_index_slices_follow_the_ping_pong_loop(engine, avatars):
             for n in (1, 4, 8, 2 * n_frames, 2 * n_frames + 3, 100, 7):
                 want = pingpong_index(torch.arange(start, start + n), n_frames)
                 assert torch.equal(s._index(start, n).cpu(), want), (packet.name if hasattr(packet, "name") else n_frames, start, n)
+
+
+def _render_plans(session) -> list[tuple[int, int]]:
+    """(first frame, frames) of every render the session plans from now on."""
+    plans, execute = [], session._execute
+
+    def record(plan):
+        plans.append((plan[2], plan[3]))
+        return execute(plan)
+
+    session._execute = record
+    return plans
+
+
+def test_render_phase_puts_each_full_request_on_the_sessions_phase(engine, avatars):
+    """Sessions that start together ask for frames together (one phase); a session given a render
+    phase cuts its first request short once, then asks for its full render_ahead frames at that
+    phase of the shared clock every period."""
+    ahead = 8
+    period = ahead / FPS
+    starts = {}
+    for frac in (None, 0.0, 0.3, 0.75):
+        s, ts = new_session(engine, avatars["loop"], render_ahead=ahead)
+        plans = _render_plans(s)
+        if frac is not None:
+            s.render_phase = frac * period
+        for k in range(0, 64, 2):  # a consumer pulling 2-frame chunks, as the WebSocket pump does
+            ts.set(k / FPS)
+            s.video_frames(k, 2)
+        s.close()
+        assert plans[0][0] == 0 and all(b[0] == a[0] + a[1] for a, b in zip(plans, plans[1:])), plans  # each frame once
+        assert all(m == ahead for _, m in plans[1:]), plans
+        if frac is None:
+            assert plans[0] == (0, ahead)
+            starts[frac] = [k for k, _ in plans]
+            continue
+        for k, _ in plans[1:]:  # on the phase (to the nearest frame): due at phase + a whole number of periods
+            off = (s.clock.origin + k / FPS - s.render_phase) % period
+            assert min(off, period - off) <= 0.5 / FPS + 1e-9, (frac, plans)
+        starts[frac] = [k for k, _ in plans]
+    # all started at 0: unphased (and phase 0) they ask at the same frames; other phases elsewhere
+    grid = {frac: {k % ahead for k in ks[1:]} for frac, ks in starts.items()}
+    assert grid == {None: {0}, 0.0: {0}, 0.3: {2}, 0.75: {6}}, grid

@@ -1117,3 +1117,23 @@ def test_unknown_compose_mode_is_refused_when_the_server_is_made(tmp_path):
                        warm=False, compose="side")
     with pytest.raises(ValueError, match="compose must be one of session, worker, stream"):
         create_app(cfg)
+
+
+def test_spread_render_phases_gives_sessions_distinct_phases(data_dir):
+    """ServerConfig.spread_render_phases: each session opened gets a render phase, golden-ratio
+    steps around one request's period, so any few sessions are spread out (none with it off)."""
+    cfg = ServerConfig(engine="classic", device="cpu", avatars=data_dir / "avatars", clips=data_dir / "clips_phase",
+                       max_sessions=6, render_ahead=16, fps=30, spread_render_phases=True)
+    state = create_app(cfg).state.ns
+    sessions = [state.open_session("astro", "classic", None, "test") for _ in range(5)]
+    period = 16 / 30
+    phases = sorted(s.render_phase for s in sessions)
+    assert all(0 <= p < period for p in phases)
+    gaps = np.diff(phases + [phases[0] + period])
+    assert gaps.min() > period / 10 and gaps.max() < period / 2, phases  # spread, not bunched
+    for s in sessions:
+        s.close()
+    cfg.spread_render_phases = False
+    s = state.open_session("astro", "classic", None, "test")
+    assert s.render_phase is None
+    s.close()

@@ -315,6 +315,9 @@ def serve(
     compose: str = typer.Option("stream", help="Where live sessions splice their frames and start the copy-out on "
                                 "CUDA: stream (a high-priority side stream), session (the shared stream) or worker "
                                 "(the render batcher's thread)."),
+    spread_render_phases: bool = typer.Option(False, "--spread-render-phases/--no-spread-render-phases",
+                                              help="Give each live session its own render phase so sessions that "
+                                              "start together do not ask for frames together (many streams per GPU)."),
 ) -> None:
     """Start the HTTP/WebSocket/WebRTC server with the web page at /."""
     from .engines.batching import COMPOSE_MODES
@@ -330,7 +333,8 @@ def serve(
                        fps=fps, clips=clips, max_upload_bytes=max_upload_mb << 20, accel=accel,
                        render_ahead=render_ahead, prebuffer_s=prebuffer_ms / 1000, front_end_streams=front_end_streams,
                        front_end_tf32=front_end_tf32,
-                       render_in_flight=render_in_flight, render_lead_s=render_lead_ms / 1000, compose=compose)
+                       render_in_flight=render_in_flight, render_lead_s=render_lead_ms / 1000, compose=compose,
+                       spread_render_phases=spread_render_phases)
     uvicorn.Server(uvicorn_config(create_app(cfg), host=host, port=port, log_level="info")).run()
 
 

@@ -526,6 +526,7 @@ class LiveSession:
         self._underrun_past = 0.0
         self._gen = 0  # bumped by every cut: renders planned before it are not kept ahead
         self.last_frame_at = time.monotonic()
+        self.render_phase: float | None = None  # see `_phased`; set by a server spreading its sessions
 
     # ---------------------------------------------------------------- properties
     @property
@@ -811,10 +812,28 @@ class LiveSession:
             frames = nv12_to_rgb(frames)
         return frames
 
+    def _phased(self, k: int, n: int) -> int:
+        """How many of a full request's ``n`` frames to render from frame k so the next request falls
+        on this session's render phase.
+
+        Why: a session asks for its next ``render_ahead`` frames once per period P = render_ahead /
+        fps, at a phase set by when it started (and re-set by utterance boundaries and skips).
+        Sessions that start together ask together: on an H200, 12 MuseTalk sessions started at once
+        were late in 2 of 6 levels, and on time in 3 of 3 with their starts spread over P (run ZY,
+        seventeenth session). With ``render_phase`` set (seconds in [0, P) of the shared monotonic
+        clock; the server spreads them), a request that would end off the phase is cut short once,
+        and the full requests after it keep the phase."""
+        if self.render_phase is None or n != self.render_ahead:
+            return n
+        period = float(Fraction(self.render_ahead) / self.fps)
+        off = (self.render_phase - (self.clock.origin + self.clock.video_time(k))) % period
+        m = round(off * float(self.fps))
+        return m if 0 < m < n else n
+
     def _plan(self, k: int, n: int) -> tuple:
         """Under the lock: what to render from frame k (idle or speech, how many, driving)."""
         u, span = self._segment(k)
-        m = max(1, min(n, span))
+        m = max(1, min(self._phased(k, n), span))
         if u is not None:
             assert u.start_frame is not None
             j = u.local_frame(k)
