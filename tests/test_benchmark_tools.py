@@ -62,6 +62,16 @@ def test_the_load_test_sweeps_server_settings_on_one_running_server(tmp_path):
     assert "warm-up: 1 sessions for 1 s" in done.stderr
     (row,) = json.loads(out.read_text())
     assert row["errors"] == 0 and row["fps_median"] > 0 and row["sustained"] == 0, row
+    # the clients' stream format is swept too (h264 chunks decoded by nothing but still counted), with the
+    # server spreading its sessions' render phases and the two sessions' starts spread over half a second
+    cmd = [sys.executable, "-m", "benchmarks.load_test", "--engine", "classic", "--device", "cpu", "--size", "256",
+           "--sessions", "2", "--duration", "2", "--format", "nv12,h264", "--spread-render-phases", "on",
+           "--stagger-s", "0.5", "--json", str(out)]
+    done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert [(r["sessions"], r["format"], r["spread_render_phases"]) for r in rows] == [(2, "nv12", True), (2, "h264", True)]
+    assert all(r["errors"] == 0 and r["fps_median"] > 0 for r in rows), rows
 
 
 def test_bucket_timing_times_the_render_runner_per_batch_size(tmp_path):
