@@ -485,6 +485,35 @@ print("survived")
 """
 
 
+def test_h264_encoder_takes_nv12_as_is_and_gives_the_bitstream_of_i420_input():
+    """The live H.264 encoder hands x264 the NV12 planes directly: the access units are byte for
+    byte those of the same frames shuffled to I420 first, and decode to 4:2:0 pictures."""
+    from fractions import Fraction
+
+    from newsstudio.server.video import H264Encoder, video_frame
+
+    h = w = 128
+    yy, xx = np.mgrid[0:h, 0:w]
+    frames = [np.concatenate([((np.sin(xx / 9 + i / 3) + np.cos(yy / 7)) * 60 + 128).astype(np.uint8),
+                              ((np.sin(xx[: h // 2] / 5 + i)) * 50 + 128).astype(np.uint8)]) for i in range(12)]
+    enc = H264Encoder(w, h, Fraction(25))
+    got = [enc.encode(f, i) for i, f in enumerate(frames)]
+    enc.close()
+    i420 = H264Encoder(w, h, Fraction(25))
+    i420.ctx.pix_fmt = "yuv420p"
+    want = []
+    for i, f in enumerate(frames):
+        vf = video_frame(f)  # the planes shuffled to I420
+        vf.pts, vf.time_base = i, i420.ctx.time_base
+        want.append(b"".join(bytes(p) for p in i420.ctx.encode(vf)))
+    assert got == want and all(got)
+    decoder = av.CodecContext.create("h264", "r")
+    pictures = [p for unit in got for p in decoder.decode(av.Packet(unit))]
+    assert len(pictures) == len(frames) and pictures[0].format.name == "yuv420p"
+    y = pictures[5].to_ndarray()[:h]  # the decoded Y plane (I420 layout: Y rows first)
+    assert np.abs(y.astype(int) - frames[5][:h]).mean() < 3  # the picture, not just a bitstream
+
+
 def test_h264_encoder_closed_while_a_frame_is_encoded_does_not_take_the_server_down():
     """The client goes (the pump's ``finally`` closes its encoder on the event loop) while a render
     thread is encoding that session's frame: libx264 flushed mid-encode aborted an H200 server with

@@ -22,9 +22,13 @@ def nv12_to_yuv420p(nv12: np.ndarray) -> np.ndarray:
     return out.reshape(h * 3 // 2, w)
 
 
-def video_frame(nv12: np.ndarray) -> av.VideoFrame:
-    """A yuv420p `av.VideoFrame` (what VP8/H.264 encoders take) from NV12 planes."""
-    frame = av.VideoFrame.from_ndarray(nv12_to_yuv420p(nv12), format="yuv420p")
+def video_frame(nv12: np.ndarray, pix_fmt: str = "yuv420p") -> av.VideoFrame:
+    """An `av.VideoFrame` from NV12 planes: yuv420p (what aiortc's VP8/H.264 encoders take) or the
+    planes as they are (``pix_fmt="nv12"``: libx264 takes NV12 directly, its own internal layout)."""
+    if pix_fmt == "nv12":
+        frame = av.VideoFrame.from_ndarray(nv12, format="nv12")
+    else:
+        frame = av.VideoFrame.from_ndarray(nv12_to_yuv420p(nv12), format="yuv420p")
     frame.colorspace = 1  # BT.709, as the avatar packets are
     frame.color_range = 1  # limited
     return frame
@@ -36,7 +40,8 @@ class EncoderClosedError(RuntimeError):
 
 class H264Encoder:
     """One access unit (Annex B, SPS/PPS repeated on keyframes) per frame, no B-frames, no
-    look-ahead: a frame goes in, its access unit comes out.
+    look-ahead: a frame goes in, its access unit comes out. Frames go to x264 as NV12: the same
+    bitstream as from I420 (test), without the 0.5 ms per 1080x1080 frame of plane shuffling.
 
     Thread-safe: `encode` runs on a render thread while `close` comes from the event loop when the
     client goes; libx264 aborts the whole process (``x264_8_frame_push_unused`` assertion, an H200
@@ -46,7 +51,7 @@ class H264Encoder:
     def __init__(self, width: int, height: int, fps: Fraction, keyint_s: float = 2.0):
         self.ctx = av.CodecContext.create("libx264", "w")
         self.ctx.width, self.ctx.height = width, height
-        self.ctx.pix_fmt = "yuv420p"
+        self.ctx.pix_fmt = "nv12"
         self.ctx.time_base = Fraction(1) / fps
         self.ctx.framerate = fps
         keyint = max(1, int(round(float(fps) * keyint_s)))
@@ -56,7 +61,7 @@ class H264Encoder:
         self._closed = False
 
     def encode(self, nv12: np.ndarray, frame_index: int) -> bytes:
-        f = video_frame(nv12)
+        f = video_frame(nv12, "nv12")
         f.pts = frame_index
         f.time_base = self.ctx.time_base
         with self._lock:
