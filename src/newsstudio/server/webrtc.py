@@ -85,7 +85,8 @@ class SessionVideoTrack(MediaStreamTrack):
             self.stop()
             raise MediaStreamError from None
         await clock.sleep_until(clock.video_time(k))
-        frame = video_frame(nv12.numpy())
+        # as NV12: aiortc's encoders convert it to I420 on their own executor thread, not on this event loop
+        frame = video_frame(nv12.numpy(), "nv12")
         frame.pts = clock.video_pts(k, VIDEO_CLOCK)
         frame.time_base = Fraction(1, VIDEO_CLOCK)
         self.next = k + 1
