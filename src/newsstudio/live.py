@@ -819,7 +819,7 @@ class LiveSession:
         Why: a session asks for its next ``render_ahead`` frames once per period P = render_ahead /
         fps, at a phase set by when it started (and re-set by utterance boundaries and skips).
         Sessions that start together ask together: on an H200, 12 MuseTalk sessions started at once
-        were late in 2 of 6 levels, and on time in 3 of 3 with their starts spread over P (run ZY,
+        were late in 3 of 8 levels, and on time in 3 of 3 with their starts spread over P (runs ZW-ZY,
         seventeenth session). With ``render_phase`` set (seconds in [0, P) of the shared monotonic
         clock; the server spreads them), a request that would end off the phase is cut short once,
         and the full requests after it keep the phase."""

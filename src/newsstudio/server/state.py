@@ -25,6 +25,7 @@ from .tts import EspeakTts
 
 GOLDEN_STEP = (5 ** 0.5 - 1) / 2  # 0.618...: successive multiples mod 1 stay nearly evenly spread
 
+
 @dataclass
 class ServerConfig:
     """Settings of `newsstudio serve` (the CLI passes the first eleven)."""
@@ -102,7 +103,7 @@ class ServerConfig:
     one request (render_ahead / fps) in golden-ratio steps, so sessions that start together do not
     ask for their frames together. On an H200, 12 MuseTalk sessions at 30 fps (render_ahead 16,
     render lead 500 ms) were on time in 3 of 3 levels when the load test spread their starts over
-    one period and in 4 of 6 when it started them at once (seventeenth session); this setting does
+    one period and in 5 of 8 when it started them at once (seventeenth session); this setting does
     the spreading in the server, whatever the clients do. Off until it is measured on a GPU."""
     webrtc_connect_timeout_s: float = 30.0
     time_source: Callable[[], float] | None = None
