@@ -12,7 +12,9 @@ Sections (each prints a table row group and lands in the JSON):
 - concurrency (``--load musetalk=8,12,16;ditto=4,6,8``): for each engine, benchmarks/load_test.py
   in a child process (a server on loopback, live WebSocket sessions streaming speech in real time,
   each level ``--load-duration`` seconds): how many sessions were all on time, and the server's
-  GPU memory per session at the highest level (peak minus before, / sessions).
+  GPU memory per session at the highest level (peak minus before, / sessions). The server runs with
+  its defaults unless ``--load-args ENGINE=FLAGS`` passes that engine's load test more flags, e.g.
+  the many-streams settings ``musetalk=--render-aheads 16 --render-leads 0.5 --chunk-frames 4``.
 Seeded random weights for the neural engines (speed does not depend on weight values).
 """
 from __future__ import annotations
@@ -101,8 +103,21 @@ def parse_load(spec: str | None) -> dict[str, list[int]]:
     return out
 
 
+def parse_load_args(specs: list[str] | None) -> dict[str, list[str]]:
+    """``--load-args ENGINE=FLAGS`` (repeatable) -> {engine: [flag, ...]} (shell-style split)."""
+    import shlex
+
+    out: dict[str, list[str]] = {}
+    for spec in specs or []:
+        name, sep, flags = spec.partition("=")
+        if not sep or name.strip() not in LOAD_ENGINES:
+            raise SystemExit(f"--load-args: {spec!r} is not ENGINE=FLAGS with ENGINE one of {sorted(LOAD_ENGINES)}")
+        out.setdefault(name.strip(), []).extend(shlex.split(flags))
+    return out
+
+
 def load_figures(engine: str, levels: list[int], duration: float, size: int, accel: str, out_dir: Path,
-                 timeout_s: float | None = None, fps: float = 30.0) -> dict[str, Any]:
+                 timeout_s: float | None = None, fps: float = 30.0, extra: list[str] | None = None) -> dict[str, Any]:
     """benchmarks/load_test.py for one engine in a child process (its own server and CUDA context):
     every level's row, the most sessions that were all sustained, GPU memory per session."""
     import json
@@ -112,7 +127,7 @@ def load_figures(engine: str, levels: list[int], duration: float, size: int, acc
     path.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "benchmarks.load_test", "--engine", engine, "--weights", "random" if engine != "classic" else "official",
            "--fps", f"{fps:g}", "--size", str(size), "--sessions", ",".join(map(str, levels)), "--duration", str(duration),
-           "--accel", accel, "--client-processes", "4", "--json", str(path)]
+           "--accel", accel, "--client-processes", "4", "--json", str(path), *(extra or [])]
     print(f"[load] {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
     try:
         subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], timeout=timeout_s, check=False)
@@ -143,10 +158,15 @@ def main() -> dict[str, Any]:
                     help="frame rate of every live session (the goal's 30; Ditto's native rate is 25, others resample its motion)")
     ap.add_argument("--load-size", type=int, default=1080, help="square avatar size of the load test")
     ap.add_argument("--load-timeout", type=float, default=None, help="stop each engine's load test after this many seconds")
+    ap.add_argument("--load-args", action="append", default=None, metavar="ENGINE=FLAGS",
+                    help="more load_test flags for one engine's levels (repeatable), e.g. "
+                    "'musetalk=--render-aheads 16 --render-leads 0.5 --chunk-frames 4'")
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="tiny sizes (CPU smoke test)")
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args()
+    load = parse_load(args.load)  # both checked before anything is measured
+    load_args = parse_load_args(args.load_args)
     if args.quick:
         args.size, args.seconds, args.repeat, args.max_frames = "256x448", 1.0, 1, 20
     size = tuple(int(v) for v in args.size.split("x"))
@@ -177,7 +197,6 @@ def main() -> dict[str, Any]:
             mod.print_table(section)
         write_json(args.json, out)  # after each engine: a later failure keeps what was measured
 
-    load = parse_load(args.load)
     if load:
         if dev.type == "cuda":
             torch.cuda.empty_cache()  # the child server gets the memory this process no longer uses
@@ -185,7 +204,7 @@ def main() -> dict[str, Any]:
         out["concurrency"] = {}
         for name, levels in load.items():
             out["concurrency"][name] = load_figures(name, levels, args.load_duration, args.load_size, accel, work, args.load_timeout,
-                                                      args.load_fps)
+                                                      args.load_fps, load_args.get(name))
             write_json(args.json, out)
 
     print("\n| engine | path | dense fps | TTFF ms | live TTFF ms (speech needed / after it) | 6.6 s -> MP4 s |")

@@ -144,3 +144,31 @@ def test_launch_count_splits_a_live_requests_kernels_by_where_they_run():
     session, render = parts["session"], parts["render thread"]
     assert session.get("gather", 0) == 2 and session.get("scatter_.src", 0) == 2
     assert sum(render.values()) > 0 and "networks" not in parts  # classic has no graphed networks
+
+
+def test_the_benchmark_command_runs_an_engine_and_its_load_test_with_per_engine_flags(tmp_path):
+    """benchmarks.run, the one benchmark command, on the CPU (--quick): the classic engine's dense,
+    first-frame and MP4 figures, then its load test with the flags given for it by --load-args
+    (each level's row records the server settings it ran under). A malformed --load-args stops the
+    command before anything is measured."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "benchmarks.run", "--engines", "classic", "--quick", "--load", "classic=1",
+           "--load-duration", "2", "--load-size", "256", "--load-args", "classic=--render-aheads 8 --stagger-s 0.2",
+           "--json", str(out), "--workdir", str(tmp_path / "work")]
+    done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    d = json.loads(out.read_text())
+    ours = d["engines"]["classic"]["ours"]
+    assert ours["dense_fps"] > 0 and ours["ttff_ms"] > 0 and ours["segment_mp4_s"] > 0, ours
+    load = d["concurrency"]["classic"]
+    assert "--render-aheads 8 --stagger-s 0.2" in load["command"]
+    assert [(r["sessions"], r["render_ahead"], r["errors"]) for r in load["rows"]] == [(1, 8, 0)], load["rows"]
+    bad = subprocess.run([sys.executable, "-m", "benchmarks.run", "--load-args", "nosuch=--render-aheads 8"], cwd=root,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "--load-args: 'nosuch=--render-aheads 8' is not ENGINE=FLAGS" in bad.stderr
