@@ -517,6 +517,42 @@ def test_live_encoders_take_nv12_as_is_with_the_result_of_i420_input():
         assert np.array_equal(video_frame(f, "nv12").reformat(format="yuv420p").to_ndarray(), video_frame(f).to_ndarray())
 
 
+_X264_THREADS = """
+import os, sys
+from fractions import Fraction
+import numpy as np
+from newsstudio.server.video import H264Encoder
+
+threads = None if sys.argv[1] == "auto" else int(sys.argv[1])
+before = len(os.listdir("/proc/self/task"))
+enc = H264Encoder(320, 320, Fraction(25), threads=threads)
+enc.encode(np.full((480, 320), 100, np.uint8), 0)  # x264 opens (and starts its threads) at the first frame
+print(len(os.listdir("/proc/self/task")) - before)
+"""
+
+
+def test_live_h264_streams_share_the_cores_instead_of_taking_x264s_default_each(tmp_path):
+    """A server gives each live H.264 stream cores / max_sessions x264 threads (at least one): x264's
+    own default, 1.5 threads per core per stream, would put hundreds of threads on a many-session
+    server. One thread means x264 starts none of its own (checked in a fresh process)."""
+    import os
+    import subprocess
+    import sys
+
+    def started(threads: str) -> int:
+        done = subprocess.run([sys.executable, "-c", _X264_THREADS, threads], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return int(done.stdout.split()[-1])
+
+    assert started("1") == 0
+    if (os.cpu_count() or 1) >= 2:
+        assert started("auto") > 0  # the default does start its own
+    for max_sessions in (1, 4, 64):
+        cfg = ServerConfig(engine="classic", device="cpu", max_sessions=max_sessions, warm=False,
+                           avatars=tmp_path / "avatars", clips=tmp_path / "clips")
+        assert create_app(cfg).state.ns.h264_threads == max(1, (os.cpu_count() or 1) // max_sessions)
+
+
 def test_h264_encoder_closed_while_a_frame_is_encoded_does_not_take_the_server_down():
     """The client goes (the pump's ``finally`` closes its encoder on the event loop) while a render
     thread is encoding that session's frame: libx264 flushed mid-encode aborted an H200 server with

@@ -197,6 +197,10 @@ class ServerState:
         self.jobs = JobManager({"prebake": 1, "clip": 2}, keep=cfg.jobs_kept)
         self.metrics = Metrics()
         self.tts = EspeakTts()
+        # each live H.264 stream's share of the cores: x264's default (1.5 threads per core per encoder)
+        # puts 24 threads per stream on a 16-core server, 288 for 12 streams, all competing with the render
+        # thread and the sessions for the CPU
+        self.h264_threads = max(1, (os.cpu_count() or 1) // max(1, cfg.max_sessions))
         self.render_pool = ThreadPoolExecutor(max_workers=max(4, cfg.max_sessions + 2), thread_name_prefix="newsstudio-live")
         # speech input (features, motion) runs here, never on the event loop: one call per stream
         # at a time, so a thread per session suffices

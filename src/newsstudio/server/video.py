@@ -49,14 +49,19 @@ class H264Encoder:
     server with 12 h264 sessions) if it is flushed while a frame is being encoded, so the two take
     one lock, and a frame that arrives after `close` raises `EncoderClosedError`."""
 
-    def __init__(self, width: int, height: int, fps: Fraction, keyint_s: float = 2.0):
+    def __init__(self, width: int, height: int, fps: Fraction, keyint_s: float = 2.0, threads: int | None = None):
+        """``threads``: x264's threads for this stream (None: x264's own choice, 1.5 per core, which
+        a server with many streams multiplies by its sessions)."""
         self.ctx = av.CodecContext.create("libx264", "w")
         self.ctx.width, self.ctx.height = width, height
         self.ctx.pix_fmt = "nv12"
         self.ctx.time_base = Fraction(1) / fps
         self.ctx.framerate = fps
         keyint = max(1, int(round(float(fps) * keyint_s)))
-        self.ctx.options = {"preset": "ultrafast", "tune": "zerolatency", "x264-params": f"keyint={keyint}:min-keyint={keyint}:repeat-headers=1:bframes=0", "crf": "23"}
+        options = {"preset": "ultrafast", "tune": "zerolatency", "x264-params": f"keyint={keyint}:min-keyint={keyint}:repeat-headers=1:bframes=0", "crf": "23"}
+        if threads is not None:
+            options["threads"] = str(max(1, int(threads)))
+        self.ctx.options = options
         self.n = 0
         self._lock = threading.Lock()
         self._closed = False

@@ -372,7 +372,7 @@ class WsSession:
         loop = asyncio.get_running_loop()
         clock = s.clock
         n = self.opts["chunk_frames"]
-        h264 = H264Encoder(s.width, s.height, s.fps) if self.opts["format"] == "h264" else None
+        h264 = H264Encoder(s.width, s.height, s.fps, threads=self.state.h264_threads) if self.opts["format"] == "h264" else None
         k = clock.next_frame(clock.now())
         idx = 0
         try:
