@@ -203,7 +203,12 @@ def test_face_parser_batch_equals_single(seeded_net):
     ims = [rng.integers(0, 256, (40, 40, 3), dtype=np.uint8) for _ in range(2)]
     both = parser.parse(ims)
     assert both.shape == (2, 512, 512)
-    assert np.array_equal(both[1], parser.parse(ims[1]))
+    flipped = both[1] != parser.parse(ims[1])
+    if flipped.any():  # conv rounding differs between batch sizes: only pixels whose two best classes tie may flip
+        with torch.no_grad():
+            logits = seeded_net(face_parsing.normalize_rgb(face_parsing.resize_for_parsing(ims[1])))[0][0]
+        best, second = logits.topk(2, dim=0).values
+        assert flipped.sum() <= 8 and (best - second)[torch.from_numpy(flipped)].max() < 1e-4
     m = parser.mask(both[0], "jaw")
     assert m.shape == (512, 512) and set(np.unique(m)) <= {0, 255}
     seg = parser.face_seg(ims[0], "raw")
