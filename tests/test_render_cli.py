@@ -81,3 +81,12 @@ def test_engine_options_pick_compile_only_for_a_long_running_cuda_process():
 def test_serve_refuses_an_unknown_compose_mode_before_starting():
     r = CliRunner().invoke(app, ["serve", "--compose", "gpu", "--port", "1"])
     assert r.exit_code == 2 and "--compose must be one of session, worker, stream, got 'gpu'" in r.output, r.output
+
+
+def test_serve_warns_when_the_speech_prebuffer_cannot_fill_a_render_request():
+    r = CliRunner().invoke(app, ["serve", "--render-ahead", "16", "--fps", "30", "--prebuffer-ms", "120", "--compose", "gpu", "--port", "1"])
+    assert "--render-ahead 16 at 30 fps wants --prebuffer-ms >= 533" in r.output, r.output
+    r = CliRunner().invoke(app, ["serve", "--render-ahead", "16", "--fps", "30", "--prebuffer-ms", "540", "--compose", "gpu", "--port", "1"])
+    assert "wants --prebuffer-ms" not in r.output and r.exit_code == 2, r.output  # (the bad --compose stops it before it starts)
+    r = CliRunner().invoke(app, ["serve", "--compose", "gpu", "--port", "1"])  # the low-latency defaults: no warning
+    assert "wants --prebuffer-ms" not in r.output, r.output

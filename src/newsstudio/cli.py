@@ -322,11 +322,19 @@ def serve(
     """Start the HTTP/WebSocket/WebRTC server with the web page at /."""
     from .engines.batching import COMPOSE_MODES
 
+    from .server.state import ServerConfig
+
+    needed_ms = 1000 * render_ahead / fps
+    if render_ahead > ServerConfig.render_ahead and prebuffer_ms < needed_ms:  # raised for density, not paired
+        typer.secho(f"warning: --render-ahead {render_ahead} at {fps:g} fps wants --prebuffer-ms >= {needed_ms:.0f} "
+                    f"(a live request renders only frames whose speech has arrived: with {prebuffer_ms:g} ms its "
+                    "requests come up short, so GPU batches are smaller and fewer streams fit)",
+                    fg=typer.colors.YELLOW, err=True)
     if compose not in COMPOSE_MODES:  # before any engine loads
         _fail(f"--compose must be one of {', '.join(COMPOSE_MODES)}, got {compose!r}")
     import uvicorn
 
-    from .server.app import ServerConfig, create_app
+    from .server.app import create_app
     from .server.serve import uvicorn_config
 
     cfg = ServerConfig(engine=engine, device=device, weights=weights, models=models, avatars=avatars, max_sessions=max_sessions,
