@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -171,6 +170,7 @@ def render(
     from .avatar.packet import PacketError
     from .avatar.store import resolve_avatar
     from .builtin import builtin_audio, is_builtin
+    from .cpus import usable_cpus
     from .media.audio import load_audio
     from .media.errors import MediaError
     from .media.mp4_writer import X264_PRESETS, Mp4Writer
@@ -190,7 +190,7 @@ def render(
         total = int(-(-sound.samples.shape[1] * fps // sound.sample_rate))
         n = 0
         first = None
-        workers = encode_workers or max(1, min(8, (os.cpu_count() or 1) // 2))
+        workers = encode_workers or max(1, min(8, usable_cpus() // 2))
         with Mp4Writer(output, w, h, fps, audio=sound, crf=crf, preset=preset, pixel_input="nv12", workers=workers) as writer:
             bar = tqdm(total=total, unit="f", desc=f"render {eng.name}", file=sys.stderr)
             t_start = time.perf_counter()

@@ -46,6 +46,7 @@ import torch
 from av.video.reformatter import ColorRange, Colorspace, Interpolation
 
 from ..compose.colour import rgb_to_nv12
+from ..cpus import usable_cpus
 from ._container import ffmpeg_reason
 from .audio import Audio
 from .errors import MediaEncodeError
@@ -166,7 +167,7 @@ class Mp4Writer:
         self.pixel_input: PixelInput = pixel_input
         self.frames_written = 0
         self.workers, self.segment_frames = int(workers), int(segment_frames)
-        self.segment_threads = int(segment_threads) if segment_threads else max(1, (os.cpu_count() or 1) // self.workers)
+        self.segment_threads = int(segment_threads) if segment_threads else max(1, usable_cpus() // self.workers)
         self._pool: ThreadPoolExecutor | None = None
         self._segments: deque[tuple[int, Future]] = deque()  # (frames, future) in stream order
         self._pending: list[tuple[Callable[[np.ndarray], av.VideoFrame], np.ndarray]] = []

@@ -17,6 +17,7 @@ from fastapi import HTTPException
 
 from ..avatar.packet import Packet, PacketError, open_packet
 from ..avatar.store import avatars_root, validate_id
+from ..cpus import usable_cpus
 from ..live import LiveSession, SessionLimitError, SessionManager
 from ..stream import default_device
 from .engines import EnginePool, EngineUnavailable
@@ -200,7 +201,7 @@ class ServerState:
         # each live H.264 stream's share of the cores: x264's default (1.5 threads per core per encoder)
         # puts 24 threads per stream on a 16-core server, 288 for 12 streams, all competing with the render
         # thread and the sessions for the CPU
-        self.h264_threads = max(1, (os.cpu_count() or 1) // max(1, cfg.max_sessions))
+        self.h264_threads = max(1, usable_cpus() // max(1, cfg.max_sessions))
         self.render_pool = ThreadPoolExecutor(max_workers=max(4, cfg.max_sessions + 2), thread_name_prefix="newsstudio-live")
         # speech input (features, motion) runs here, never on the event loop: one call per stream
         # at a time, so a thread per session suffices
