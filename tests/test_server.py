@@ -549,6 +549,10 @@ def test_live_h264_streams_share_the_cores_instead_of_taking_x264s_default_each(
 
     if usable_cpus() >= 2:
         assert started("auto") > 0  # the default does start its own
+    pinned = subprocess.run([sys.executable, "-c", "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); "
+                             "from newsstudio.cpus import usable_cpus; print(usable_cpus())"],
+                            capture_output=True, text=True, timeout=60)
+    assert pinned.stdout.split() == ["1"], pinned.stderr  # a process limited to one CPU counts one, whatever the host has
     for max_sessions in (1, 4, 64):
         cfg = ServerConfig(engine="classic", device="cpu", max_sessions=max_sessions, warm=False,
                            avatars=tmp_path / "avatars", clips=tmp_path / "clips")
