@@ -412,6 +412,7 @@ async def run_level(url: str, n: int, args, pcm, sr) -> dict:
         "jitter_p95_ms": float(np.percentile(jitters or [0.0], 95) * 1000),
         "late_p50_ms": float(np.percentile(lat, 50) * 1000), "late_p95_ms": float(np.percentile(lat, 95) * 1000), "late_max_ms": float(lat.max() * 1000),
         "server_fps": statistics.median(fps_seen[1:] or fps_seen or [0.0]),
+        "server_fps_timeline": fps_seen,  # once a second over the level: when a late state set in, if it did
         "loop_lag_p95_ms": statistics.median(lag_p95[1:] or lag_p95 or [0.0]), "loop_lag_max_ms": lag_max,
         "speaking_share": sum(s["speaking"] for s in stats) / max(1, sum(s["frames"] for s in stats)),
         "rss_before_mb": (before["rss_bytes"] or 0) / 1e6, "rss_peak_mb": peak_rss / 1e6, "rss_after_mb": (after["rss_bytes"] or 0) / 1e6,
