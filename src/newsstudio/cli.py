@@ -320,8 +320,7 @@ def serve(
                                               "start together do not ask for frames together (many streams per GPU)."),
 ) -> None:
     """Start the HTTP/WebSocket/WebRTC server with the web page at /."""
-    from .engines.batching import COMPOSE_MODES
-
+    from .engines.batching import check_compose
     from .server.state import ServerConfig
 
     needed_ms = 1000 * render_ahead / fps
@@ -330,8 +329,10 @@ def serve(
                     f"(a live request renders only frames whose speech has arrived: with {prebuffer_ms:g} ms its "
                     "requests come up short, so GPU batches are smaller and fewer streams fit)",
                     fg=typer.colors.YELLOW, err=True)
-    if compose not in COMPOSE_MODES:  # before any engine loads
-        _fail(f"--compose must be one of {', '.join(COMPOSE_MODES)}, got {compose!r}")
+    try:
+        check_compose(compose)  # before any engine loads
+    except ValueError as e:
+        _fail(f"--{e}")
     import uvicorn
 
     from .server.app import create_app

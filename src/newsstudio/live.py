@@ -812,6 +812,12 @@ class LiveSession:
             frames = nv12_to_rgb(frames)
         return frames
 
+    @property
+    def request_period_s(self) -> float:
+        """Seconds of video one full render request covers (render_ahead / fps): how often a session
+        asks for frames, the period its render phase lives in."""
+        return float(Fraction(self.render_ahead) / self.fps)
+
     def _phased(self, k: int, n: int) -> int:
         """How many of a full request's ``n`` frames to render from frame k so the next request falls
         on this session's render phase.
@@ -825,7 +831,7 @@ class LiveSession:
         and the full requests after it keep the phase."""
         if self.render_phase is None or n != self.render_ahead:
             return n
-        period = float(Fraction(self.render_ahead) / self.fps)
+        period = self.request_period_s
         off = (self.render_phase - (self.clock.origin + self.clock.video_time(k))) % period
         m = round(off * float(self.fps))
         return m if 0 < m < n else n

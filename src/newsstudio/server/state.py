@@ -263,8 +263,7 @@ class ServerState:
         """The n-th session's render phase: n golden-ratio steps around one request's period, so any
         run of consecutive sessions is spread nearly evenly (each new one lands in the largest gap)."""
         self._sessions_phased += 1
-        period = s.render_ahead / float(s.fps)
-        return (self._sessions_phased * GOLDEN_STEP) % 1.0 * period
+        return (self._sessions_phased * GOLDEN_STEP) % 1.0 * s.request_period_s
 
     def session(self, session_id: str) -> LiveSession:
         try:
