@@ -617,7 +617,7 @@ def test_ws_session_that_falls_behind_skips_to_a_render_lead_ahead_and_is_on_tim
     ts = ScaledTime(rate=1.0)
     cfg = ServerConfig(engine="classic", device="cpu", avatars=data_dir / "avatars", clips=data_dir / "clips_skip",
                        max_sessions=2, render_lead_s=0.3, render_ahead=8, prebuffer_s=0.32, send_on_clock=True,
-                       time_source=ts)
+                       time_source=ts, spread_render_phases=False)  # requests in groups of 8 from the first frame
     app = create_app(cfg)
 
     async def run(srv) -> tuple[float, list[tuple[int, float, float]]]:

@@ -315,7 +315,7 @@ def serve(
     compose: str = typer.Option("stream", help="Where live sessions splice their frames and start the copy-out on "
                                 "CUDA: stream (a high-priority side stream), session (the shared stream) or worker "
                                 "(the render batcher's thread)."),
-    spread_render_phases: bool = typer.Option(False, "--spread-render-phases/--no-spread-render-phases",
+    spread_render_phases: bool = typer.Option(True, "--spread-render-phases/--no-spread-render-phases",
                                               help="Give each live session its own render phase so sessions that "
                                               "start together do not ask for frames together (many streams per GPU)."),
 ) -> None:
