@@ -209,11 +209,20 @@ def segment_mp4_figures(engine, packet, audio, fps: int, chunk: int, out_path: P
     (comma-separated `mp4_options` specs, each optionally ``~RAMP``: chunk sizes ramped from RAMP frames
     up to `chunk` and back down at the end (`stream.chunk_size`), and ``@MS``: Python's GIL switch
     interval in ms during that run, to see whether the render thread waits for the GIL behind the
-    encoder threads; median of `repeat` runs each). The first config is the headline `segment_mp4_s`."""
+    encoder threads; median of `repeat` runs each). The first config is the headline `segment_mp4_s`.
+
+    Next to each: the file's size and x264 + AAC alone on the very frames this engine rendered
+    (kept from the first run, written again from memory in the same chunks): how long the encoders
+    need for this engine's pictures (seeded weights make noisy faces, which cost x264 more bits and
+    time than an avatar's own frames), so total - encoder alone is what the render adds."""
     from newsstudio.media.mp4_writer import Mp4Writer
     from newsstudio.stream import stream_generator
 
     w, h = packet.size
+    kept: list = []  # the first run's chunks (fresh arrays each), for the encoder-alone timing
+
+    def writer(spec: str) -> Mp4Writer:
+        return Mp4Writer(out_path, w, h, fps, audio=audio, pixel_input="nv12", **mp4_options(spec))
 
     def to_mp4(spec: str) -> tuple[float, float, float]:
         """(total s, first chunk in hand s, last chunk in hand s): the part after the last chunk is
@@ -224,25 +233,45 @@ def segment_mp4_figures(engine, packet, audio, fps: int, chunk: int, out_path: P
         if switch_ms:
             sys.setswitchinterval(float(switch_ms) / 1e3)
         try:
+            keep = not kept
             t0 = time.perf_counter()
             first = last = 0.0
-            with Mp4Writer(out_path, w, h, fps, audio=audio, pixel_input="nv12", **mp4_options(spec)) as wr:
+            with writer(spec) as wr:
                 for ch in stream_generator(engine, packet, audio, fps=fps, chunk_frames=chunk, output="nv12",
                                            ramp_frames=int(ramp or 0)):
                     last = time.perf_counter() - t0
                     first = first or last
                     wr.write(ch["frames"], owned=True)  # fresh per chunk
+                    if keep:
+                        kept.append(ch["frames"])
             return time.perf_counter() - t0, first, last
         finally:
             sys.setswitchinterval(before)
 
+    def encode_alone(spec: str) -> tuple[float, int]:
+        """(seconds, file bytes) for x264 + AAC on the kept frames, no render."""
+        spec = spec.partition("@")[0].partition("~")[0]
+        t0 = time.perf_counter()
+        with writer(spec) as wr:
+            for frames in kept:
+                wr.write(frames, owned=True)
+        return time.perf_counter() - t0, out_path.stat().st_size
+
     runs = {spec: [to_mp4(spec) for _ in range(max(1, repeat))] for spec in specs.split(",")}
+    size: dict[str, int] = {}
+    alone: dict[str, float] = {}
+    for spec in runs:
+        timings = [encode_alone(spec) for _ in range(max(1, repeat))]
+        alone[spec] = median([t for t, _ in timings])
+        size[spec] = timings[-1][1]
+    kept.clear()
     by = {spec: median([r[0] for r in rs]) for spec, rs in runs.items()}
     phases = {spec: {"first_chunk_s": median([r[1] for r in rs]), "last_chunk_s": median([r[2] for r in rs])}
               for spec, rs in runs.items()}
     first = next(iter(by))
     return {"segment_mp4_s": by[first], "segment_mp4_config": first, "segment_mp4_s_by_config": by,
-            "segment_mp4_phases_by_config": phases}
+            "segment_mp4_phases_by_config": phases, "segment_encode_alone_s_by_config": alone,
+            "segment_mp4_bytes_by_config": size}
 
 
 def stream_rows(row: Callable[..., None], o: dict[str, Any]) -> None:
@@ -256,4 +285,8 @@ def stream_rows(row: Callable[..., None], o: dict[str, Any]) -> None:
     for spec, sec_s in o.get("segment_mp4_s_by_config", {o.get("segment_mp4_config", "-"): o["segment_mp4_s"]}).items():
         p = phases.get(spec)
         at = f" (chunks in hand {p['first_chunk_s']:.2f}-{p['last_chunk_s']:.2f} s)" if p else ""
+        alone = o.get("segment_encode_alone_s_by_config", {}).get(spec)
+        size = o.get("segment_mp4_bytes_by_config", {}).get(spec)
+        if alone is not None:
+            at += f"; x264 + AAC alone on these frames {alone:.2f} s, {size / 1e6:.1f} MB"
         row(f"segment -> MP4 with audio, s (x264 {spec})", f"{sec_s:.2f}{at}")

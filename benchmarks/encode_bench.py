@@ -1,10 +1,11 @@
 """H.264 + AAC encode speed of `Mp4Writer` alone: what the "segment -> MP4" figure costs on the CPU.
 
-    python -m benchmarks.encode_bench [--size 1080x1920] [--frames 165]
+    python -m benchmarks.encode_bench [--size 1080x1920] [--frames 165] [--source VIDEO]
                                       [--configs veryfast,superfast:8,ultrafast:8/16] [--json out.json]
 
-Frames: the first --frames frames of ../shared/media/yongen.mp4 (or .carry/media), scaled to --size
-and converted to NV12 by FFmpeg once, held in memory (real content: x264's speed depends on it).
+Frames: the first --frames frames of ../shared/media/yongen.mp4 (or .carry/media; --source: any
+video, e.g. an engine's own render), scaled to --size and converted to NV12 by FFmpeg once, held in
+memory (real content: x264's speed depends on it; a seeded engine's noisy face costs it more).
 Audio: the first frames/25 s of speech.wav. For each preset the whole file is written, timed from
 the first write to the closed file on disk (median of --repeat), with its size, so the speed and
 the bitrate cost of each configuration are read side by side. A configuration is
@@ -63,10 +64,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--configs", default="veryfast,superfast,ultrafast,veryfast:8,superfast:8,ultrafast:8,superfast:16/16",
                     help="PRESET[:WORKERS[/SEGMENT_FRAMES]],...")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--source", type=Path, default=None,
+                    help="video whose frames are encoded (default: yongen.mp4), e.g. a render with seeded weights")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     size = tuple(int(v) for v in args.size.split("x"))
-    frames = nv12_frames(media("yongen.mp4"), size, args.frames)
+    frames = nv12_frames(args.source or media("yongen.mp4"), size, args.frames)
     a = load_audio(media("speech.wav"))
     n = int(round(args.frames / args.fps * a.sample_rate))
     audio = Audio(np.ascontiguousarray(a.samples[:, :n]), a.sample_rate)

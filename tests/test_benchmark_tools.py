@@ -167,6 +167,9 @@ def test_the_benchmark_command_runs_an_engine_and_its_load_test_with_per_engine_
     d = json.loads(out.read_text())
     ours = d["engines"]["classic"]["ours"]
     assert ours["dense_fps"] > 0 and ours["ttff_ms"] > 0 and ours["segment_mp4_s"] > 0, ours
+    config = ours["segment_mp4_config"]  # next to it: x264 + AAC alone on the frames the engine made
+    assert ours["segment_encode_alone_s_by_config"][config] > 0 and ours["segment_mp4_bytes_by_config"][config] > 1000
+    assert "x264 + AAC alone on these frames" in done.stdout
     load = d["concurrency"]["classic"]
     assert "--render-aheads 8 --stagger-s 0.2" in load["command"]
     assert [(r["sessions"], r["render_ahead"], r["errors"]) for r in load["rows"]] == [(1, 8, 0)], load["rows"]
