@@ -1211,3 +1211,67 @@ def test_spread_render_phases_gives_sessions_distinct_phases(data_dir):
     s = state.open_session("astro", "classic", None, "test")
     assert s.render_phase is None
     s.close()
+
+
+def test_render_budget_refuses_sessions_that_would_not_fit_and_frees_a_share_on_close(data_dir):
+    """serve --max-render-fps: live sessions are admitted while their frame rates fit in the
+    server's render capacity; the next one is refused over WebSocket with 1013 (try later) and the
+    reason, /metrics shows the share in use, and a session that ends frees its share."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    cfg = ServerConfig(engine="classic", device="cpu", avatars=data_dir / "avatars", clips=data_dir / "clips_budget",
+                       max_sessions=8, max_render_fps="classic=60")
+    app = create_app(cfg)
+
+    async def run(srv) -> None:
+        async def start(fps: int):
+            ws = await connect(f"{srv.ws_url}/ws", max_size=None)
+            await ws.send(json.dumps({"type": "start", "avatar": "astro", "engine": "classic", "fps": fps}))
+            return ws
+
+        async def metrics() -> dict:
+            async with httpx.AsyncClient(base_url=srv.url) as c:
+                return (await c.get("/metrics")).json()
+
+        held = []
+        for fps in (25, 25):
+            ws = await start(fps)
+            assert json.loads(await ws.recv())["type"] == "started"
+            held.append(ws)
+        assert (await metrics())["render_load"] == pytest.approx(50 / 60)
+        refused = await start(25)  # 75 of 60 frames/s
+        with pytest.raises(ConnectionClosed) as exc:
+            while True:
+                await refused.recv()
+        assert exc.value.rcvd.code == 1013 and "render capacity full" in exc.value.rcvd.reason, exc.value.rcvd
+        small = await start(10)  # 60 of 60: fits
+        assert json.loads(await small.recv())["type"] == "started"
+        held.append(small)
+        m = await metrics()
+        assert m["render_load"] == pytest.approx(1.0) and m["rejected_sessions_total"] == 1 and m["active_sessions"] == 3
+        await held[0].send(json.dumps({"type": "close"}))
+        with pytest.raises(ConnectionClosed):
+            while True:
+                await held[0].recv()
+        for _ in range(100):  # the server forgets the session as its socket closes
+            if (await metrics())["active_sessions"] == 2:
+                break
+            await asyncio.sleep(0.05)
+        again = await start(25)  # its share is free again
+        assert json.loads(await again.recv())["type"] == "started"
+        held[0] = again
+        for ws in held:
+            await ws.close()
+
+    with ServerThread(app) as srv:
+        asyncio.run(run(srv))
+
+
+def test_serve_refuses_a_malformed_render_budget_before_loading_anything(tmp_path):
+    from typer.testing import CliRunner
+
+    from newsstudio.cli import app as cli
+
+    r = CliRunner().invoke(cli, ["serve", "--engine", "classic", "--avatars", str(tmp_path), "--max-render-fps", "musetalk=fast"])
+    assert r.exit_code != 0 and "--max-render-fps: 'musetalk=fast' is not N or ENGINE=N" in r.output, r.output

@@ -291,6 +291,9 @@ def serve(
     models: Optional[Path] = ModelsOpt,
     avatars: Optional[Path] = AvatarsOpt,
     max_sessions: int = typer.Option(8, help="Live sessions at once; more are refused (503, Retry-After)."),
+    max_render_fps: Optional[str] = typer.Option(None, help="Frames/s this GPU renders, for all engines (420) or per "
+                                                 "engine (musetalk=420,ditto=240): sessions that would not fit are "
+                                                 "refused (503, Retry-After) instead of making every session late."),
     fps: float = typer.Option(25.0, help="Frame rate of live sessions."),
     clips: Optional[Path] = typer.Option(None, help="Folder for rendered clips (default clips/ beside the avatars, or $NEWSSTUDIO_CLIPS)."),
     max_upload_mb: int = typer.Option(200, help="Largest accepted upload (audio or avatar source), MB."),
@@ -321,6 +324,7 @@ def serve(
 ) -> None:
     """Start the HTTP/WebSocket/WebRTC server with the web page at /."""
     from .engines.batching import check_compose
+    from .render_budget import RenderBudget
     from .server.state import ServerConfig
 
     needed_ms = 1000 * render_ahead / fps
@@ -331,6 +335,8 @@ def serve(
                     fg=typer.colors.YELLOW, err=True)
     try:
         check_compose(compose)  # before any engine loads
+        if max_render_fps is not None:
+            RenderBudget.parse(max_render_fps)
     except ValueError as e:
         _fail(f"--{e}")
     import uvicorn
@@ -343,7 +349,7 @@ def serve(
                        render_ahead=render_ahead, prebuffer_s=prebuffer_ms / 1000, front_end_streams=front_end_streams,
                        front_end_tf32=front_end_tf32,
                        render_in_flight=render_in_flight, render_lead_s=render_lead_ms / 1000, compose=compose,
-                       spread_render_phases=spread_render_phases)
+                       spread_render_phases=spread_render_phases, max_render_fps=max_render_fps)
     uvicorn.Server(uvicorn_config(create_app(cfg), host=host, port=port, log_level="info")).run()
 
 

@@ -48,6 +48,7 @@ from .avatar.packet import Packet
 from .compose.colour import nv12_to_rgb
 from .engines.base import AvatarLayer, Engine
 from .media.audio import Audio, audio_from_array, load_audio
+from .render_budget import RenderBudget
 from .stream import StreamSession, background_for
 
 OUT_RATE = 48000
@@ -994,35 +995,60 @@ def _as_audio(audio: Any, sample_rate: int | None) -> Audio:
 
 class SessionManager:
     """Live sessions under a cap. A slot is reserved before the (possibly slow) session build,
-    so concurrent requests can never exceed `max_sessions`."""
+    so concurrent requests can never exceed `max_sessions`, nor the render `budget` when one is
+    set (each session's cost: its share of the server's render capacity, `RenderBudget.cost`)."""
 
-    def __init__(self, max_sessions: int = 8):
+    def __init__(self, max_sessions: int = 8, budget: RenderBudget | None = None):
         self.max_sessions = int(max_sessions)
+        self.budget = budget
         self._sessions: dict[str, LiveSession] = {}
+        self._costs: dict[str, float] = {}
         self._reserved = 0
+        self._reserved_cost = 0.0
         self._lock = threading.Lock()
         self.opened_total = 0
         self.closed_total = 0
 
-    def open(self, factory: Callable[..., LiveSession], **kw: Any) -> LiveSession:
+    def render_load(self) -> float | None:
+        """Share of the render budget the live sessions (and those being opened) take; None
+        without a budget."""
+        if self.budget is None:
+            return None
+        with self._lock:
+            return sum(self._costs.values()) + self._reserved_cost
+
+    def open(self, factory: Callable[..., LiveSession], engine: str = "", fps: float = 0.0, **kw: Any) -> LiveSession:
+        """Build a session with `factory` once a slot (and, with a budget, its render share for an
+        `engine` session at `fps`) is reserved; SessionLimitError when none is free."""
         with self._lock:
             if len(self._sessions) + self._reserved >= self.max_sessions:
                 raise SessionLimitError(f"too many live sessions: the limit is {self.max_sessions}; close one and retry")
+            cost = 0.0
+            if self.budget is not None:
+                try:
+                    cost = self.budget.check(engine, fps, sum(self._costs.values()) + self._reserved_cost)
+                except ValueError as e:
+                    raise SessionLimitError(str(e)) from None
             self._reserved += 1
+            self._reserved_cost += cost
         try:
             session = factory(on_close=self._forget, **kw)
         except BaseException:
             with self._lock:
                 self._reserved -= 1
+                self._reserved_cost -= cost
             raise
         with self._lock:
             self._reserved -= 1
+            self._reserved_cost -= cost
             self._sessions[session.id] = session
+            self._costs[session.id] = cost
             self.opened_total += 1
         return session
 
     def _forget(self, session: LiveSession) -> None:
         with self._lock:
+            self._costs.pop(session.id, None)
             if self._sessions.pop(session.id, None) is not None:
                 self.closed_total += 1
 

@@ -135,6 +135,7 @@ def create_app(cfg: ServerConfig | None = None) -> FastAPI:
             sessions_opened_total=state.sessions.opened_total,
             sessions_closed_total=state.sessions.closed_total,
             rejected_sessions_total=state.metrics.rejected_sessions,
+            render_load=state.sessions.render_load(),
             jobs=m.JobCounts(**state.jobs.counts()),
             ws_slow_client_closes_total=state.metrics.ws_slow_closes,
             rss_bytes=rss_bytes(),

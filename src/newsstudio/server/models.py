@@ -123,6 +123,8 @@ class Metrics(BaseModel):
     sessions_opened_total: int
     sessions_closed_total: int
     rejected_sessions_total: int
+    render_load: float | None = Field(None, description="Share of the render capacity (--max-render-fps) the live "
+                                      "sessions take, 0..1; null when no capacity is set.")
     jobs: JobCounts
     ws_slow_client_closes_total: int
     rss_bytes: int | None

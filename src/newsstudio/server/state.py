@@ -19,6 +19,7 @@ from ..avatar.packet import Packet, PacketError, open_packet
 from ..avatar.store import avatars_root, validate_id
 from ..cpus import usable_cpus
 from ..live import LiveSession, SessionLimitError, SessionManager
+from ..render_budget import RenderBudget
 from ..stream import default_device
 from .engines import EnginePool, EngineUnavailable
 from .jobs import JobManager
@@ -108,6 +109,13 @@ class ServerConfig:
     on and the sessions started at once, 12 and 14 sessions were on time in 15 of 16 levels, with
     1.04-1.32 requests per batch at 12 against 1.14-1.70 with it off (eighteenth session, runs
     ZZ1-ZZ6). Off: each session asks for frames from the moment it started."""
+    max_render_fps: str | float | None = None
+    """Frames per second this server can render, for every engine (``420``) or per engine
+    (``"musetalk=420,ditto=240"``; `RenderBudget.parse`): a live session is admitted only while
+    the sessions' frame rates fit in it (each engine's share counted against one GPU), else
+    refused with 503 and Retry-After. Overloaded, every session falls behind together (16
+    MuseTalk sessions at 30 fps on an H200 rendering ~420 frames/s: 0 of 16 on time), so
+    turning the newest away keeps the others on time. None: only `max_sessions` limits."""
     webrtc_connect_timeout_s: float = 30.0
     time_source: Callable[[], float] | None = None
     """Injectable media-clock time source (tests: simulated or scaled time)."""
@@ -195,7 +203,8 @@ class ServerState:
         self.engines = EnginePool(cfg.engine, self.device, cfg.weights, cfg.models, cfg.accel, cfg.batch_sessions,
                                   cfg.front_end_streams, cfg.render_in_flight, stall_s, cfg.front_end_tf32,
                                   cfg.compose)
-        self.sessions = SessionManager(cfg.max_sessions)
+        budget = RenderBudget.parse(cfg.max_render_fps) if cfg.max_render_fps is not None else None
+        self.sessions = SessionManager(cfg.max_sessions, budget)
         self._sessions_phased = 0  # render phases handed out (spread_render_phases)
         self.jobs = JobManager({"prebake": 1, "clip": 2}, keep=cfg.jobs_kept)
         self.metrics = Metrics()
@@ -256,7 +265,7 @@ class ServerState:
             return s
 
         try:
-            return self.sessions.open(factory)
+            return self.sessions.open(factory, engine=name, fps=float(rate))
         except SessionLimitError as e:
             self.metrics.rejected_sessions += 1
             raise HTTPException(503, str(e), headers={"Retry-After": "5"}) from None
