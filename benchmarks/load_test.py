@@ -40,6 +40,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from newsstudio.render_budget import FULL as REFUSED
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -62,6 +64,8 @@ def start_server(args) -> tuple[str, object, object, object]:
         defaults["prebuffer_s"] = args.prebuffer_ms / 1e3
     if args.front_end_tf32 is not None:  # absent: the server's default for both
         defaults["front_end_tf32"] = args.front_end_tf32
+    if args.max_render_fps is not None:
+        defaults["max_render_fps"] = args.max_render_fps
     cfg = ServerConfig(engine=args.engine, device=args.device, avatars=d / "avatars", clips=d / "clips",
                        max_sessions=max(args.sessions) + 2, weights=args.weights, fps=args.fps, accel=args.accel,
                        batch_sessions=not args.no_batch, **defaults)
@@ -356,7 +360,9 @@ async def run_level(url: str, n: int, args, pcm, sr) -> dict:
     sustained = 0
     lates, jitters = [], []
     rates = []
-    for s in stats:
+    refused = [s for s in stats if any(REFUSED in e for e in s["errors"])]  # turned away by --max-render-fps
+    admitted = [s for s in stats if not any(REFUSED in e for e in s["errors"])]
+    for s in admitted:
         late = np.array(s["late"][5:] or [0.0])
         jitter = late - np.percentile(late, 5)
         lates.extend(late.tolist())
@@ -406,8 +412,8 @@ async def run_level(url: str, n: int, args, pcm, sr) -> dict:
     batching["skipped_frames_per_session"] = statistics.mean([s.get("skipped_frames", 0) for s in live]) if live else 0.0
     return {
         **batching,
-        "sessions": n, "sustained": sustained, "errors": sum(len(s["errors"]) for s in stats),
-        "error_samples": sorted({e for s in stats for e in s["errors"]})[:3],
+        "sessions": n, "sustained": sustained, "refused": len(refused), "errors": sum(len(s["errors"]) for s in admitted),
+        "error_samples": sorted({e for s in admitted for e in s["errors"]})[:3],
         "fps_min": min(rates) if rates else 0.0, "fps_median": statistics.median(rates) if rates else 0.0,
         "jitter_p95_ms": float(np.percentile(jitters or [0.0], 95) * 1000),
         "late_p50_ms": float(np.percentile(lat, 50) * 1000), "late_p95_ms": float(np.percentile(lat, 95) * 1000), "late_max_ms": float(lat.max() * 1000),
@@ -481,6 +487,9 @@ def main() -> None:
     ap.add_argument("--live-update-rows", default=None,
                     help="comma-separated MuseTalk live feature update steps in 20 ms Whisper rows, each a level "
                          "(the engine's LIVE_UPDATE_ROWS: one 30 s re-encode per step per stream)")
+    ap.add_argument("--max-render-fps", default=None,
+                    help="ServerConfig.max_render_fps (N or ENGINE=N): sessions past it are refused, counted apart "
+                         "from the admitted ones (server started here)")
     ap.add_argument("--prebuffer-ms", type=float, default=None,
                     help="ServerConfig.prebuffer_s (the speech a session holds before going on air, ms; "
                          "--render-aheads raise it to at least their frames' time; server started here)")
@@ -511,7 +520,7 @@ def main() -> None:
     health = httpx.get(url + "/health", timeout=30).json()
     print(f"server {url} ready after {time.monotonic() - t0:.0f} s: device {health['device']}, default engine "
           f"{health['default_engine']}; {args.format} chunks of {args.chunk_frames} frames, {args.duration:.0f} s per level", file=sys.stderr)
-    cols = [("sessions", "d"), ("switch_interval_ms", "g"), ("render_lead_ms", "g"), ("send_on_clock", "d"), ("render_ahead", "d"), ("prebuffer_ms", "g"), ("render_in_flight", "d"), ("front_end_streams", "d"), ("sustained", "d"), ("errors", "d"), ("fps_min", ".1f"), ("fps_median", ".1f"), ("jitter_p95_ms", ".1f"), ("late_p50_ms", ".1f"),
+    cols = [("sessions", "d"), ("switch_interval_ms", "g"), ("render_lead_ms", "g"), ("send_on_clock", "d"), ("render_ahead", "d"), ("prebuffer_ms", "g"), ("render_in_flight", "d"), ("front_end_streams", "d"), ("sustained", "d"), ("refused", "d"), ("errors", "d"), ("fps_min", ".1f"), ("fps_median", ".1f"), ("jitter_p95_ms", ".1f"), ("late_p50_ms", ".1f"),
             ("late_p95_ms", ".1f"), ("late_max_ms", ".1f"), ("server_fps", ".1f"), ("loop_lag_p95_ms", ".1f"), ("loop_lag_max_ms", ".0f"), ("speaking_share", ".2f"), ("rss_before_mb", ".0f"),
             ("rss_peak_mb", ".0f"), ("rss_after_mb", ".0f"), ("gpu_before_mb", ".0f"), ("gpu_peak_mb", ".0f"), ("gpu_after_mb", ".0f"),
             ("batch_frames_mean", ".1f"), ("requests_per_batch", ".2f"), ("request_frames_mean", ".1f"), ("render_wait_ms_mean", ".1f"), ("render_busy_share", ".2f"), ("audio_busy_share", ".2f"),
@@ -544,7 +553,8 @@ def main() -> None:
                      "compose": getattr(server_cfg, "compose", None), "format": args.format,
                      "spread_render_phases": bool(getattr(server_cfg, "spread_render_phases", False))})
         r = rows[-1]
-        print(f"[{time.monotonic() - t0:.0f} s] {n} sessions: {r['sustained']} sustained, {r['errors']} errors {r['error_samples'] or ''}",
+        refused = f"{r['refused']} refused (render capacity), " if r["refused"] else ""
+        print(f"[{time.monotonic() - t0:.0f} s] {n} sessions: {r['sustained']} sustained, {refused}{r['errors']} errors {r['error_samples'] or ''}",
               file=sys.stderr)
         print(" | ".join(f"{r[name]:>{len(name)}{fmt}}" for name, fmt in cols), flush=True)
         if syncs is not None:

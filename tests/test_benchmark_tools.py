@@ -73,6 +73,14 @@ def test_the_load_test_sweeps_server_settings_on_one_running_server(tmp_path):
     rows = json.loads(out.read_text())
     assert [(r["sessions"], r["format"], r["spread_render_phases"]) for r in rows] == [(2, "nv12", True), (2, "h264", True)]
     assert all(r["errors"] == 0 and r["fps_median"] > 0 for r in rows), rows
+    # a render budget on the server: the sessions past it are refused and counted apart, not as late
+    cmd = [sys.executable, "-m", "benchmarks.load_test", "--engine", "classic", "--device", "cpu", "--size", "256",
+           "--fps", "25", "--sessions", "3", "--duration", "2", "--max-render-fps", "classic=50", "--json", str(out)]
+    done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (row,) = json.loads(out.read_text())
+    assert (row["refused"], row["errors"]) == (1, 0) and row["fps_median"] > 0, row
+    assert "1 refused (render capacity)" in done.stderr
 
 
 def test_bucket_timing_times_the_render_runner_per_batch_size(tmp_path):

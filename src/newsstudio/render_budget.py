@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 ALL_ENGINES = "*"
+FULL = "render capacity full"  # how a refusal starts (clients and the load test look for it)
 _SLACK = 1e-5  # rounding: a capacity written 29.97 or 59.94 holds 30000/1001 fps sessions
 
 
@@ -75,5 +76,5 @@ class RenderBudget:
         if cost > 1.0 + _SLACK:
             raise ValueError(f"a {float(fps):g} fps {engine} session needs more than this server renders "
                              f"({cap:g} frames/s, --max-render-fps)")
-        raise ValueError(f"render capacity full: live sessions use {load:.0%}, a {float(fps):g} fps {engine} session "
+        raise ValueError(f"{FULL}: live sessions use {load:.0%}, a {float(fps):g} fps {engine} session "
                          f"needs {cost:.0%} of {cap:g} frames/s; retry later")
