@@ -42,3 +42,10 @@ def test_budget_specs(spec, expected):
 def test_malformed_budget_specs_say_what_is_wrong(spec, message):
     with pytest.raises(ValueError, match=message):
         RenderBudget.parse(spec)
+
+
+def test_a_budget_naming_an_engine_the_server_does_not_have_is_refused():
+    engines = ("classic", "musetalk", "ditto")
+    with pytest.raises(ValueError, match=r"unknown engine 'musetlak' \(engines: classic, ditto, musetalk\)"):
+        RenderBudget.parse("musetlak=420", engines)
+    assert RenderBudget.parse("musetalk=420,*=900", engines).capacity("ditto") == 900

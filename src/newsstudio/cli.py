@@ -324,6 +324,7 @@ def serve(
 ) -> None:
     """Start the HTTP/WebSocket/WebRTC server with the web page at /."""
     from .engines.batching import check_compose
+    from .engines.registry import ENGINES
     from .render_budget import RenderBudget
     from .server.state import ServerConfig
 
@@ -336,7 +337,7 @@ def serve(
     try:
         check_compose(compose)  # before any engine loads
         if max_render_fps is not None:
-            RenderBudget.parse(max_render_fps)
+            RenderBudget.parse(max_render_fps, ENGINES)
     except ValueError as e:
         _fail(f"--{e}")
     import uvicorn

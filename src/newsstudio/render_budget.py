@@ -9,7 +9,7 @@ sessions may add up to at most 1 (one GPU shared by engines of different speeds 
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 ALL_ENGINES = "*"
@@ -30,9 +30,19 @@ class RenderBudget:
                 raise ValueError(f"max-render-fps: the capacity of {name!r} must be > 0 frames/s, got {fps!r}")
 
     @classmethod
-    def parse(cls, spec: str | float | Mapping[str, float]) -> "RenderBudget":
+    def parse(cls, spec: str | float | Mapping[str, float], engines: Iterable[str] = ()) -> "RenderBudget":
         """``420`` or ``"420"`` (every engine) or ``"musetalk=420,ditto=240"`` (per engine; ``*=N``
-        for the others); a mapping is taken as it is."""
+        for the others); a mapping is taken as it is. With `engines`, a name not among them is an
+        error (a typo would otherwise leave that engine unbudgeted)."""
+        budget = cls._parse(spec)
+        known = set(engines)
+        unknown = sorted(set(budget.fps_by_engine) - known - {ALL_ENGINES}) if known else []
+        if unknown:
+            raise ValueError(f"max-render-fps: unknown engine {unknown[0]!r} (engines: {', '.join(sorted(known))})")
+        return budget
+
+    @classmethod
+    def _parse(cls, spec: str | float | Mapping[str, float]) -> "RenderBudget":
         if isinstance(spec, Mapping):
             return cls(dict(spec))
         if isinstance(spec, (int, float)):

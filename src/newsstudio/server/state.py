@@ -18,6 +18,7 @@ from fastapi import HTTPException
 from ..avatar.packet import Packet, PacketError, open_packet
 from ..avatar.store import avatars_root, validate_id
 from ..cpus import usable_cpus
+from ..engines.registry import ENGINES
 from ..live import LiveSession, SessionLimitError, SessionManager
 from ..render_budget import RenderBudget
 from ..stream import default_device
@@ -203,7 +204,7 @@ class ServerState:
         self.engines = EnginePool(cfg.engine, self.device, cfg.weights, cfg.models, cfg.accel, cfg.batch_sessions,
                                   cfg.front_end_streams, cfg.render_in_flight, stall_s, cfg.front_end_tf32,
                                   cfg.compose)
-        budget = RenderBudget.parse(cfg.max_render_fps) if cfg.max_render_fps is not None else None
+        budget = RenderBudget.parse(cfg.max_render_fps, ENGINES) if cfg.max_render_fps is not None else None
         self.sessions = SessionManager(cfg.max_sessions, budget)
         self._sessions_phased = 0  # render phases handed out (spread_render_phases)
         self.jobs = JobManager({"prebake": 1, "clip": 2}, keep=cfg.jobs_kept)
