@@ -219,6 +219,13 @@ def segment_mp4_figures(engine, packet, audio, fps: int, chunk: int, out_path: P
     from newsstudio.stream import stream_generator
 
     w, h = packet.size
+
+    def spec_parts(spec: str) -> tuple[str, str, str]:
+        """``X264~RAMP@MS`` -> (x264 spec, ramp, switch interval ms); absent parts are ''."""
+        spec, _, switch_ms = spec.partition("@")
+        spec, _, ramp = spec.partition("~")
+        return spec, ramp, switch_ms
+
     kept: list = []  # the first run's chunks (fresh arrays each), for the encoder-alone timing
 
     def writer(spec: str) -> Mp4Writer:
@@ -227,8 +234,7 @@ def segment_mp4_figures(engine, packet, audio, fps: int, chunk: int, out_path: P
     def to_mp4(spec: str) -> tuple[float, float, float]:
         """(total s, first chunk in hand s, last chunk in hand s): the part after the last chunk is
         the encoder's tail, the span of the chunks is the render under the encoders' load."""
-        spec, _, switch_ms = spec.partition("@")
-        spec, _, ramp = spec.partition("~")
+        spec, ramp, switch_ms = spec_parts(spec)
         before = sys.getswitchinterval()
         if switch_ms:
             sys.setswitchinterval(float(switch_ms) / 1e3)
@@ -250,7 +256,7 @@ def segment_mp4_figures(engine, packet, audio, fps: int, chunk: int, out_path: P
 
     def encode_alone(spec: str) -> tuple[float, int]:
         """(seconds, file bytes) for x264 + AAC on the kept frames, no render."""
-        spec = spec.partition("@")[0].partition("~")[0]
+        spec = spec_parts(spec)[0]
         t0 = time.perf_counter()
         with writer(spec) as wr:
             for frames in kept:

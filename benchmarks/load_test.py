@@ -360,8 +360,9 @@ async def run_level(url: str, n: int, args, pcm, sr) -> dict:
     sustained = 0
     lates, jitters = [], []
     rates = []
-    refused = [s for s in stats if any(REFUSED in e for e in s["errors"])]  # turned away by --max-render-fps
-    admitted = [s for s in stats if not any(REFUSED in e for e in s["errors"])]
+    refused, admitted = [], []  # turned away by --max-render-fps, or served
+    for s in stats:
+        (refused if any(REFUSED in e for e in s["errors"]) else admitted).append(s)
     for s in admitted:
         late = np.array(s["late"][5:] or [0.0])
         jitter = late - np.percentile(late, 5)

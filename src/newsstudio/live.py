@@ -1015,7 +1015,11 @@ class SessionManager:
         if self.budget is None:
             return None
         with self._lock:
-            return sum(self._costs.values()) + self._reserved_cost
+            return self._load()
+
+    def _load(self) -> float:
+        """Under the lock: the budget shares of the live sessions and of those being opened."""
+        return sum(self._costs.values()) + self._reserved_cost
 
     def open(self, factory: Callable[..., LiveSession], engine: str = "", fps: float = 0.0, **kw: Any) -> LiveSession:
         """Build a session with `factory` once a slot (and, with a budget, its render share for an
@@ -1026,7 +1030,7 @@ class SessionManager:
             cost = 0.0
             if self.budget is not None:
                 try:
-                    cost = self.budget.check(engine, fps, sum(self._costs.values()) + self._reserved_cost)
+                    cost = self.budget.check(engine, fps, self._load())
                 except ValueError as e:
                     raise SessionLimitError(str(e)) from None
             self._reserved += 1

@@ -52,13 +52,13 @@ class RenderBudget:
             part = part.strip()
             if not part:
                 continue
-            name, sep, value = part.rpartition("=") if "=" in part else (ALL_ENGINES, "=", part)
+            name, _, value = part.rpartition("=") if "=" in part else (ALL_ENGINES, "=", part)
             name = name.strip()
             try:
                 fps = float(value)
             except ValueError:
                 raise ValueError(f"max-render-fps: {part!r} is not N or ENGINE=N (frames per second)") from None
-            if not name or not sep:
+            if not name:
                 raise ValueError(f"max-render-fps: {part!r} is not N or ENGINE=N (frames per second)")
             if name in out:
                 raise ValueError(f"max-render-fps: {name!r} is given twice")
