@@ -67,11 +67,14 @@ class PhaseUpsampleConv(nn.Module):
         self.offsets = _tap_sums(self.scale)[1]
         self.weight = nn.Parameter(phase_weights(w, self.scale).to(w.dtype), requires_grad=False)
         self.bias = nn.Parameter(bias.detach().repeat(self.scale ** 2), requires_grad=False) if bias is not None else None
+        # Another implementation of the same 2x2 convolution (padding 1), e.g. accel/igemm_conv.py's
+        # Triton kernel; None: F.conv2d with the weight above.
+        self.conv: nn.Module | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, _, h, w = x.shape
         s, o, off = self.scale, self.out_channels, self.offsets
-        y = F.conv2d(x, self.weight, self.bias, padding=1)  # [B, s*s*O, H+1, W+1]
+        y = self.conv(x) if self.conv is not None else F.conv2d(x, self.weight, self.bias, padding=1)  # [B, s*s*O, H+1, W+1]
         rows = [torch.stack([y[:, (s * a + c) * o:(s * a + c + 1) * o, off[a]:off[a] + h, off[c]:off[c] + w]
                              for c in range(s)], dim=-1) for a in range(s)]
         return torch.stack(rows, dim=3).reshape(b, o, s * h, s * w)  # [B, O, H, s, W, s] -> interleaved

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...accel.igemm_conv import with_triton_convs
 from ...accel.precision import to_channels_last_
 from ...accel.settings import resolve_accel
 from ...accel.static import BucketedRunner, render_buckets
@@ -232,7 +233,10 @@ class MuseTalkEngine(Engine):
     ``channels_last``: NHWC weights (default: with a compile mode only); ``cudnn_benchmark``: cuDNN
     autotuning (accel/cudnn.py; default on with CUDA); ``conv_rewrites``: the VAE decoder's three
     nearest-2x + 3x3-conv pairs computed as 2x2 phase convolutions (accel/upsample_conv.py: 97 of
-    its 622 GFLOP per frame saved, equal up to rounding; the shared VAE itself stays as loaded).
+    its 622 GFLOP per frame saved, equal up to rounding; the shared VAE itself stays as loaded);
+    ``triton_convs``: the VAE decoder's convolutions by the Triton implicit-GEMM kernel
+    (accel/igemm_conv.py) in the engine's half precision (``"half"``) or FP8 (``"fp8"``, Hopper+),
+    or by cuDNN (``"off"``, the default until the kernel is measured to pay on the GPU); CUDA only.
     """
 
     name = "musetalk"
@@ -263,6 +267,7 @@ class MuseTalkEngine(Engine):
         cudnn_benchmark: bool | None = None,
         prebake_batch: int | None = None,
         conv_rewrites: bool = True,
+        triton_convs: str = "off",
         unet_config: dict[str, Any] | None = None,
         vae_config: dict[str, Any] | None = None,
     ):
@@ -305,6 +310,8 @@ class MuseTalkEngine(Engine):
         self._vae_decoder = with_phase_upsampling(vae.decoder)[0] if self.conv_rewrites else vae.decoder
         if self.conv_rewrites and self.channels_last:
             to_channels_last_(self._vae_decoder)
+        self.triton_convs, self._vae_decoder = with_triton_convs(self._vae_decoder, triton_convs, device,
+                                                                 copied=self.conv_rewrites)
         # UNet + decode run as one static-shape callable per batch bucket: CUDA graphs remove the
         # ~2,500 kernel launches per call (tens of ms) that dominate small batches. Eager on CPU.
         self._face_runner = BucketedRunner(self._faces, self.accel, sizes=render_buckets())

@@ -1,0 +1,165 @@
+"""`TritonConv2d`: a plain Conv2d run by the Triton implicit-GEMM kernel, in half precision or FP8.
+
+Why: the render's remaining time is convolutions that cuDNN runs well below the tensor cores'
+peak, and PyTorch has no FP8 convolution (accel/triton_conv.py says more). This module holds the
+packed weight the kernel wants and calls it through a registered custom op
+(``newsstudio::triton_conv2d``), so ``torch.compile`` keeps it as one opaque call with a known
+output shape and CUDA graphs capture it like any kernel.
+
+FP8 (``fp8=True``): the weight is quantised once to ``float8_e4m3fn`` with one scale per output
+channel (amax / 448); the input is quantised on every call with one scale for the whole tensor
+(its amax, computed on the GPU: no host sync, graph-capturable). Under ``torch.compile`` that
+quantisation fuses with the ops before it.
+
+Where the kernel cannot run (no CUDA tensor, no Triton) the module calls ``F.conv2d`` with the
+original weight, so a converted model still works on a CPU. `convert_convs_to_triton_` swaps the
+eligible layers of a model that is already on its device and in its final dtype.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .fp8 import E4M3, E4M3_MAX, fp8_supported
+from .shared_copy import shared_copy
+from .triton_conv import K_ALIGN, conv2d_nhwc, interpreting, triton_available
+from .upsample_conv import PhaseUpsampleConv
+
+__all__ = ["TRITON_CONV_MODES", "TritonConv2d", "convert_convs_to_triton_", "eligible_conv", "pack_weight",
+           "triton_conv_supported", "with_triton_convs"]
+
+_EPS = 1e-12
+TRITON_CONV_MODES = ("off", "half", "fp8")
+log = logging.getLogger(__name__)
+MIN_OUT_CHANNELS = 16  # narrower outputs (RGB heads) fill no tensor-core tile: cuDNN keeps them
+
+
+@torch.library.custom_op("newsstudio::triton_conv2d", mutates_args=())
+def _triton_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+                   x_scale: torch.Tensor | None, w_scale: torch.Tensor | None, kh: int, kw: int, ph: int, pw: int,
+                   out_dtype: torch.dtype) -> torch.Tensor:
+    return conv2d_nhwc(x, weight, (kh, kw), (ph, pw), bias=bias, residual=residual, x_scale=x_scale,
+                       w_scale=w_scale, out_dtype=out_dtype)
+
+
+@_triton_conv2d.register_fake
+def _(x, weight, bias, residual, x_scale, w_scale, kh, kw, ph, pw, out_dtype):
+    b, _, h, w = x.shape
+    return torch.empty((b, weight.shape[0], h + 2 * ph - kh + 1, w + 2 * pw - kw + 1), dtype=out_dtype,
+                       device=x.device, memory_format=torch.channels_last)
+
+
+def triton_conv_supported(device: torch.device | str) -> bool:
+    """The kernel can run on ``device``: a CUDA device with Triton, or any device in Triton's
+    interpreter."""
+    return triton_available() and (torch.device(device).type == "cuda" or interpreting())
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """[C_out, C_in, KH, KW] -> [C_out, KH*KW*C_in], tap-major, channel-minor (the kernel's K order)."""
+    return weight.permute(0, 2, 3, 1).reshape(weight.shape[0], -1).contiguous()
+
+
+def eligible_conv(conv: nn.Module) -> bool:
+    """A Conv2d the kernel computes: stride 1, undilated, ungrouped, zero-padded by integers, C_in a
+    multiple of 16 and at least 16 outputs."""
+    return (isinstance(conv, nn.Conv2d) and conv.stride == (1, 1) and conv.dilation == (1, 1)
+            and conv.groups == 1 and conv.padding_mode == "zeros" and not isinstance(conv.padding, str)
+            and conv.in_channels % K_ALIGN == 0 and conv.out_channels >= MIN_OUT_CHANNELS)
+
+
+class TritonConv2d(nn.Module):
+    """``F.conv2d(x, weight, bias, padding=padding)`` (stride 1) by the Triton kernel, channels-last
+    output; optionally ``+ residual`` in the same kernel. ``fp8=True``: FP8 operands (see module doc)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, padding: tuple[int, int],
+                 fp8: bool = False) -> None:
+        super().__init__()
+        w = weight.detach()
+        if w.dim() != 4 or w.shape[1] % K_ALIGN:
+            raise ValueError(f"TritonConv2d needs a [C_out, C_in, KH, KW] weight with C_in a multiple of {K_ALIGN}, "
+                             f"got {tuple(w.shape)}")
+        self.kernel_size = (int(w.shape[2]), int(w.shape[3]))
+        self.padding = (int(padding[0]), int(padding[1]))
+        self.fp8 = bool(fp8)
+        self.weight = nn.Parameter(w, requires_grad=False)  # the F.conv2d fallback's
+        self.bias = nn.Parameter(bias.detach(), requires_grad=False) if bias is not None else None
+        packed = pack_weight(w)
+        if self.fp8:
+            scale = (packed.float().abs().amax(dim=1) / E4M3_MAX).clamp_min(_EPS)
+            self.register_buffer("packed", (packed.float() / scale[:, None]).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3))
+            self.register_buffer("w_scale", scale)
+        else:
+            self.register_buffer("packed", packed)
+            self.w_scale = None
+
+    @classmethod
+    def from_conv(cls, conv: nn.Conv2d, fp8: bool = False) -> TritonConv2d:
+        if not eligible_conv(conv):
+            raise ValueError(f"not a convolution the Triton kernel computes: {conv}")
+        return cls(conv.weight, conv.bias, conv.padding, fp8)
+
+    def extra_repr(self) -> str:
+        o, _, kh, kw = self.weight.shape
+        return f"{self.weight.shape[1]}, {o}, kernel_size=({kh}, {kw}), padding={self.padding}, fp8={self.fp8}"
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if not triton_conv_supported(x.device):
+            y = F.conv2d(x, self.weight, self.bias, padding=self.padding)
+            return y if residual is None else y + residual
+        (kh, kw), (ph, pw) = self.kernel_size, self.padding
+        if not self.fp8:
+            return _triton_conv2d(x, self.packed, self.bias, residual, None, None, kh, kw, ph, pw, x.dtype)
+        x_scale = (x.abs().amax().float() / E4M3_MAX).clamp_min(_EPS).reshape(1)
+        xq = (x.float() / x_scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+        return _triton_conv2d(xq, self.packed, self.bias, residual, x_scale, self.w_scale, kh, kw, ph, pw, x.dtype)
+
+
+def convert_convs_to_triton_(module: nn.Module, *, fp8: bool = False,
+                             filter: Callable[[str, nn.Module], bool] | None = None,  # noqa: A002
+                             force: bool = False) -> int:
+    """Swap, in place, every eligible ``nn.Conv2d`` of ``module`` (and the 2x2 convolution inside each
+    `PhaseUpsampleConv`) for a `TritonConv2d`; returns how many. Call it after the model is on its
+    device and in its final dtype (an FP8 buffer must not be cast by a later ``.half()``). Nothing is
+    swapped where the kernel cannot run (CPU without the interpreter, no Triton) unless ``force``."""
+    count = 0
+    for name, child in list(module.named_modules()):
+        if filter is not None and not filter(name, child):
+            continue
+        if isinstance(child, PhaseUpsampleConv):
+            if child.conv is None and child.weight.shape[1] % K_ALIGN == 0 and (force or triton_conv_supported(child.weight.device)):
+                child.conv = TritonConv2d(child.weight, child.bias, (1, 1), fp8)
+                count += 1
+            continue
+        if not eligible_conv(child) or not (force or triton_conv_supported(child.weight.device)):
+            continue
+        parent_name, _, attr = name.rpartition(".")
+        parent = module.get_submodule(parent_name) if parent_name else module
+        setattr(parent, attr, TritonConv2d.from_conv(child, fp8))
+        count += 1
+    return count
+
+
+def with_triton_convs(module: nn.Module, mode: str, device: torch.device | str, copied: bool = False) -> tuple[str, nn.Module]:
+    """An engine's network with its convolutions on the Triton kernel: ``(mode that applies,
+    module)``. ``mode``: one of `TRITON_CONV_MODES`. The layers are swapped in a shared copy (same
+    weights; the caller's network, which other engines and the reference pipelines share, keeps
+    its convs) unless ``copied`` says ``module`` is already the engine's own copy. Where the kernel
+    cannot run (CPU, no Triton; FP8 below compute capability 8.9) the module is returned as it is
+    and the mode is ``"off"``, said once in the log."""
+    if mode not in TRITON_CONV_MODES:
+        raise ValueError(f"triton_convs must be one of {TRITON_CONV_MODES}, got {mode!r}")
+    if mode == "off":
+        return mode, module
+    device = torch.device(device)
+    if not triton_conv_supported(device) or (mode == "fp8" and not fp8_supported(device) and not interpreting()):
+        log.warning("Triton convolutions (%s) cannot run on %s (%s): cuDNN keeps them", mode, device,
+                    "no triton" if not triton_available() else "needs CUDA" + (" with compute capability >= 8.9" if mode == "fp8" else ""))
+        return "off", module
+    out = module if copied else shared_copy(module)
+    convert_convs_to_triton_(out, fp8=mode == "fp8")
+    return mode, out

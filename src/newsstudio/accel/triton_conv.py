@@ -1,0 +1,207 @@
+"""An implicit-GEMM convolution in Triton for channels-last (NHWC) activations, fp16/bf16 or FP8.
+
+Why: MuseTalk's VAE decoder is 78 % of its render FLOPs, and cuDNN runs its 128-channel convs at
+256x256 at ~30 % of the H200's bf16 peak (benchmarks/RESULTS.md, "where the time goes"); PyTorch
+exposes no FP8 convolution at all. This kernel does the convolution as one GEMM over output pixels
+(M = B*OH*OW) x output channels (N) x taps-times-input-channels (K = KH*KW*C_in) without writing
+the im2col matrix: each K step loads one tap's BLOCK_K input channels for BLOCK_M output pixels
+straight from the NHWC input (zero where the tap falls in the padding), and the weight tile from a
+[C_out, KH*KW*C_in] K-contiguous matrix (the operand layout FP8 tensor cores want). Bias and a
+residual add (a resnet block's skip) are fused into the epilogue.
+
+FP8: the caller hands in ``float8_e4m3fn`` input and weight and their scales, ``x ≈ x_q * s_x``
+(one scale for the tensor) and ``w[o] ≈ w_q[o] * s_w[o]`` (one per output channel); the kernel
+multiplies on the FP8 tensor cores, accumulates in float32 and rescales in the epilogue.
+
+The launcher (`conv2d_nhwc`) autotunes tile shapes per layer shape on CUDA. Triton's interpreter
+(``TRITON_INTERPRET=1``) runs the same kernel on CPU tensors, which is how the tests check it.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+try:  # Triton ships with CUDA builds of torch; CPU installs may lack it
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised on installs without triton
+    triton = None
+    tl = None
+
+__all__ = ["conv2d_nhwc", "interpreting", "triton_available", "K_ALIGN"]
+
+K_ALIGN = 16  # input channels must be a multiple of this (the smallest BLOCK_K)
+
+
+def triton_available() -> bool:
+    return triton is not None
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _configs() -> list:
+    out = []
+    for bm, bn, bk, warps, stages in (
+        (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4),
+        (128, 256, 64, 8, 3), (128, 128, 128, 8, 3), (128, 64, 32, 4, 4),
+    ):
+        out.append(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
+                                 num_warps=warps, num_stages=stages))
+    return out
+
+
+def _prune(configs, named_args, **kwargs):
+    """Keep tiles whose BLOCK_K divides C_in (a K step never straddles two taps) and whose BLOCK_N
+    is not far wider than C_out."""
+    c_in, c_out = kwargs.get("C_IN", named_args.get("C_IN")), kwargs.get("C_OUT", named_args.get("C_OUT"))
+    fits_k = [c for c in configs if c_in % c.kwargs["BLOCK_K"] == 0]
+    return [c for c in fits_k if c.kwargs["BLOCK_N"] <= max(64, 2 * c_out)] or fits_k[:1]
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels():
+    """(the kernel, its autotuned form), built on first use: ``triton.jit`` reads
+    ``TRITON_INTERPRET`` when it decorates, so the interpreter can be chosen before the first call
+    rather than before this module's import."""
+    @triton.jit
+    def _conv_kernel(
+        x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, xs_ptr, ws_ptr,
+        M, H, W, OH, OW,
+        C_IN: tl.constexpr, C_OUT: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+        PH: tl.constexpr, PW: tl.constexpr,
+        HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, SCALED: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    ):
+        # Grouped tile order: GROUP_M row tiles share each weight column tile while it is in L2.
+        pid = tl.program_id(0)
+        num_m = tl.cdiv(M, BLOCK_M)
+        num_n = tl.cdiv(C_OUT, BLOCK_N)
+        per_group = GROUP_M * num_n
+        first_m = (pid // per_group) * GROUP_M
+        group_size = min(num_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % per_group) % group_size
+        pid_n = (pid % per_group) // group_size
+
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        m_ok = offs_m < M
+        n_ok = offs_n < C_OUT
+        ow = offs_m % OW
+        oh = (offs_m // OW) % OH
+        img = offs_m // (OW * OH)
+
+        K_TOTAL: tl.constexpr = KH * KW * C_IN
+        STEPS_PER_TAP: tl.constexpr = C_IN // BLOCK_K
+        w_cols = w_ptr + offs_n.to(tl.int64)[None, :] * K_TOTAL  # [1, BLOCK_N]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for step in range(0, KH * KW * STEPS_PER_TAP):
+            tap = step // STEPS_PER_TAP
+            c0 = (step % STEPS_PER_TAP) * BLOCK_K
+            ih = oh + (tap // KW) - PH
+            iw = ow + (tap % KW) - PW
+            ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            pix = ((img * H + ih) * W + iw).to(tl.int64) * C_IN
+            a = tl.load(x_ptr + pix[:, None] + (c0 + offs_k)[None, :], mask=ok[:, None], other=0.0)
+            b = tl.load(w_cols + (tap * C_IN + c0 + offs_k)[:, None], mask=n_ok[None, :], other=0.0)
+            acc = tl.dot(a, b, acc)
+
+        if SCALED:
+            acc = acc * tl.load(xs_ptr) * tl.load(ws_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        out_off = offs_m.to(tl.int64)[:, None] * C_OUT + offs_n[None, :]
+        out_ok = m_ok[:, None] & n_ok[None, :]
+        if HAS_RES:
+            acc += tl.load(res_ptr + out_off, mask=out_ok, other=0.0).to(tl.float32)
+        tl.store(y_ptr + out_off, acc.to(y_ptr.dtype.element_ty), mask=out_ok)
+
+    tuned = triton.autotune(
+        configs=_configs(), key=["M", "H", "W", "C_IN", "C_OUT", "KH", "KW", "PH", "PW"],
+        prune_configs_by={"early_config_prune": _prune},
+    )(_conv_kernel)
+    return _conv_kernel, tuned
+
+
+
+
+@functools.lru_cache(maxsize=None)
+def _dummy(device: torch.device) -> torch.Tensor:
+    return torch.zeros(1, dtype=torch.float32, device=device)
+
+
+def conv2d_nhwc(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    kernel_size: tuple[int, int],
+    padding: tuple[int, int],
+    bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
+    x_scale: torch.Tensor | None = None,
+    w_scale: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    block: tuple[int, int, int] | None = None,
+) -> torch.Tensor:
+    """A stride-1, undilated, ungrouped, zero-padded 2-D convolution of a channels-last ``x``.
+
+    ``x``: [B, C_in, H, W] in ``torch.channels_last`` (NHWC in memory), fp16 / bf16 / float32, or
+    ``float8_e4m3fn`` with ``x_scale`` (0-d or [1] float32). ``weight``: the packed matrix
+    [C_out, KH*KW*C_in] (row o = W[o] laid out tap-major, channel-minor), same kind as ``x``; FP8
+    weights need ``w_scale`` [C_out] float32. ``residual``: [B, C_out, OH, OW] channels-last, added
+    after the bias. Returns [B, C_out, OH, OW] channels-last in ``out_dtype`` (default: ``x``'s
+    dtype; FP8 input needs one). ``block`` fixes (BLOCK_M, BLOCK_N, BLOCK_K) instead of autotuning
+    (the interpreter, tests).
+    """
+    if triton is None:
+        raise RuntimeError("the Triton convolution needs the 'triton' package")
+    kh, kw = kernel_size
+    ph, pw = padding
+    b, c_in, h, w = x.shape
+    c_out = weight.shape[0]
+    if weight.shape != (c_out, kh * kw * c_in):
+        raise ValueError(f"packed weight must be [C_out, {kh * kw * c_in}], got {tuple(weight.shape)}")
+    if c_in % K_ALIGN:
+        raise ValueError(f"C_in must be a multiple of {K_ALIGN}, got {c_in}")
+    scaled = x.dtype == torch.float8_e4m3fn
+    if scaled != (weight.dtype == torch.float8_e4m3fn) or scaled != (x_scale is not None and w_scale is not None):
+        raise ValueError("FP8 needs float8_e4m3fn input and weight and both scales; other dtypes take none")
+    if not scaled and weight.dtype != x.dtype:
+        raise ValueError(f"weight dtype {weight.dtype} differs from input dtype {x.dtype}")
+    if out_dtype is None:
+        if scaled:
+            raise ValueError("FP8 input needs an out_dtype")
+        out_dtype = x.dtype
+    oh, ow = h + 2 * ph - kh + 1, w + 2 * pw - kw + 1
+    if oh <= 0 or ow <= 0:
+        raise ValueError(f"kernel {kernel_size} with padding {padding} does not fit a {h}x{w} input")
+    x = x.contiguous(memory_format=torch.channels_last)
+    weight = weight.contiguous()
+    y = torch.empty((b, c_out, oh, ow), dtype=out_dtype, device=x.device, memory_format=torch.channels_last)
+    if residual is not None:
+        if residual.shape != y.shape:
+            raise ValueError(f"residual shape {tuple(residual.shape)} differs from the output's {tuple(y.shape)}")
+        residual = residual.contiguous(memory_format=torch.channels_last)
+    m = b * oh * ow
+    dummy = _dummy(x.device)
+    args = (x, weight, bias if bias is not None else dummy, residual if residual is not None else dummy, y,
+            x_scale if scaled else dummy, w_scale if scaled else dummy, m, h, w, oh, ow)
+    flags = dict(C_IN=c_in, C_OUT=c_out, KH=kh, KW=kw, PH=ph, PW=pw, HAS_BIAS=bias is not None,
+                 HAS_RES=residual is not None, SCALED=scaled)
+    if block is None and (interpreting() or x.device.type != "cuda"):
+        block = (32, 32, 32 if c_in % 32 == 0 else K_ALIGN)
+    if block is not None:
+        bm, bn, bk = block
+        if c_in % bk:
+            raise ValueError(f"BLOCK_K {bk} must divide C_in {c_in}")
+        grid = (triton.cdiv(m, bm) * triton.cdiv(c_out, bn),)
+        _kernels()[0][grid](*args, **flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8)
+    else:
+        def grid(meta):
+            return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(c_out, meta["BLOCK_N"]),)
+        _kernels()[1][grid](*args, **flags)
+    return y

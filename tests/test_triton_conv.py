@@ -1,0 +1,161 @@
+"""The Triton implicit-GEMM convolution (accel/triton_conv.py, accel/igemm_conv.py).
+
+Without a GPU the very same kernel runs in Triton's CPU interpreter (``TRITON_INTERPRET=1``, set
+here before the kernel is first built): these tests check its indexing, padding, masks, fused
+bias/residual, FP8 scaling and the layer swap; speed is the GPU benchmark's job
+(benchmarks/triton_conv_bench.py).
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+if not torch.cuda.is_available():  # before triton's import: it reads the switch then
+    os.environ["TRITON_INTERPRET"] = "1"
+pytest.importorskip("triton")
+
+from newsstudio.accel.fp8 import E4M3, E4M3_MAX  # noqa: E402
+from newsstudio.accel.igemm_conv import (TritonConv2d, convert_convs_to_triton_, eligible_conv, pack_weight,  # noqa: E402
+                                         with_triton_convs)
+from newsstudio.accel.triton_conv import conv2d_nhwc  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _cl(t: torch.Tensor) -> torch.Tensor:
+    return t.to(DEVICE).contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("cin,cout,h,w,k,pad", [
+    (32, 48, 9, 7, 3, 1),   # 3x3 'same', odd sizes, C_out not a multiple of the tile
+    (16, 16, 5, 6, 1, 0),   # 1x1 (a resnet shortcut)
+    (32, 64, 6, 5, 2, 1),   # 2x2, padding 1: the phase convolution of upsampling (H+1 x W+1 out)
+    (16, 24, 4, 4, 3, 0),   # 'valid'
+])
+@pytest.mark.parametrize("bias", [True, False])
+def test_kernel_equals_conv2d(cin, cout, h, w, k, pad, bias):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, cin, h, w, generator=g)
+    wt = torch.randn(cout, cin, k, k, generator=g) * 0.2
+    b = torch.randn(cout, generator=g) if bias else None
+    ref = F.conv2d(x, wt, b, padding=pad)
+    got = conv2d_nhwc(_cl(x), pack_weight(wt).to(DEVICE), (k, k), (pad, pad), bias=None if b is None else b.to(DEVICE))
+    assert got.shape == ref.shape
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(got.cpu(), ref, rtol=2e-3, atol=2e-3)  # TF32 on a GPU, exact in the interpreter
+
+
+def test_residual_is_added_in_the_epilogue():
+    g = torch.Generator().manual_seed(1)
+    x, wt, b = torch.randn(1, 32, 6, 6, generator=g), torch.randn(32, 32, 3, 3, generator=g) * 0.1, torch.randn(32, generator=g)
+    res = torch.randn(1, 32, 6, 6, generator=g)
+    got = conv2d_nhwc(_cl(x), pack_weight(wt).to(DEVICE), (3, 3), (1, 1), bias=b.to(DEVICE), residual=_cl(res))
+    torch.testing.assert_close(got.cpu(), F.conv2d(x, wt, b, padding=1) + res, rtol=2e-3, atol=2e-3)
+    with pytest.raises(ValueError, match="residual shape"):
+        conv2d_nhwc(_cl(x), pack_weight(wt).to(DEVICE), (3, 3), (1, 1), residual=_cl(res[:, :16]))
+
+
+def test_half_precision_module():
+    g = torch.Generator().manual_seed(2)
+    conv = nn.Conv2d(32, 40, 3, padding=1)
+    x = torch.randn(2, 32, 8, 8, generator=g)
+    ref = conv(x)
+    m = TritonConv2d.from_conv(conv.half().to(DEVICE))
+    got = m(_cl(x.half()))
+    assert got.dtype == torch.float16 and got.is_contiguous(memory_format=torch.channels_last)
+    assert ((got.float().cpu() - ref).norm() / ref.norm()).item() < 2e-3
+
+
+def test_fp8_module_is_the_quantised_arithmetic():
+    """FP8: weight per output channel, input per tensor, float32 accumulation, rescaled: equal to the
+    same quantisation done in plain torch, and within e4m3's error of the float32 conv."""
+    g = torch.Generator().manual_seed(3)
+    conv = nn.Conv2d(32, 48, 3, padding=1)
+    x = torch.randn(2, 32, 8, 8, generator=g) * 3
+    ref = conv(x)
+    m = TritonConv2d.from_conv(conv.to(DEVICE), fp8=True)
+    assert m.packed.dtype == E4M3 and m.w_scale.shape == (48,)
+    got = m(_cl(x)).cpu()
+    xs = x.abs().amax() / E4M3_MAX
+    xq = (x / xs).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).float() * xs
+    wq = (m.packed.float() * m.w_scale[:, None]).cpu().reshape(48, 3, 3, 32).permute(0, 3, 1, 2)
+    torch.testing.assert_close(got, F.conv2d(xq, wq, conv.bias.detach().cpu(), padding=1), rtol=1e-4, atol=1e-4)
+    rel = ((got - ref).norm() / ref.norm()).item()
+    assert 1e-3 < rel < 6e-2  # it did quantise, and no worse than e4m3 rounding of both operands
+
+
+def test_bad_calls_are_refused():
+    x = _cl(torch.randn(1, 24, 4, 4))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        conv2d_nhwc(x, torch.randn(8, 9 * 24, device=DEVICE), (3, 3), (1, 1))
+    x = _cl(torch.randn(1, 16, 4, 4))
+    with pytest.raises(ValueError, match="packed weight"):
+        conv2d_nhwc(x, torch.randn(8, 16, 3, 3, device=DEVICE), (3, 3), (1, 1))
+    with pytest.raises(ValueError, match="FP8 needs"):
+        conv2d_nhwc(x.to(E4M3), torch.randn(8, 9 * 16, device=DEVICE).to(E4M3), (3, 3), (1, 1))
+    with pytest.raises(ValueError, match="does not fit"):
+        conv2d_nhwc(x, torch.randn(8, 25 * 16, device=DEVICE), (5, 5), (0, 0))
+    with pytest.raises(ValueError, match="C_in a multiple"):
+        TritonConv2d(torch.randn(8, 12, 3, 3), None, (1, 1))
+    assert not eligible_conv(nn.Conv2d(32, 32, 3, stride=2, padding=1))
+    assert not eligible_conv(nn.Conv2d(32, 3, 3, padding=1))  # an RGB head: cuDNN keeps it
+    assert not eligible_conv(nn.Conv2d(4, 32, 3, padding=1))  # C_in 4
+    assert eligible_conv(nn.Conv2d(32, 32, 3, padding=1))
+
+
+def test_compiled_graph_sees_the_op_shape():
+    """The custom op's fake implementation gives torch.compile the output shape and layout."""
+    conv = nn.Conv2d(16, 32, 3, padding=1).to(DEVICE)
+    m = TritonConv2d.from_conv(conv)
+    x = _cl(torch.randn(2, 16, 5, 7))
+    fn = torch.compile(lambda t: F.silu(m(t)) * 2, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(fn(x), F.silu(conv(x)) * 2, rtol=2e-3, atol=2e-3)
+
+
+def test_vae_decoder_swap_matches_and_leaves_the_original_alone():
+    """The tiny SD-VAE decoder with phase upsampling: every eligible conv (and each phase conv) on
+    the kernel, same output; the caller's decoder keeps its convs."""
+    from newsstudio.accel.upsample_conv import with_phase_upsampling
+    from newsstudio.engines.musetalk.engine import TINY_VAE_CONFIG
+    from newsstudio.engines.musetalk.weights import random_vae
+
+    vae = random_vae(3, DEVICE, config=TINY_VAE_CONFIG)
+    dec = with_phase_upsampling(vae.decoder)[0].to(memory_format=torch.channels_last)
+    z = _cl(torch.randn(1, 4, 4, 4, generator=torch.Generator().manual_seed(4)))
+    with torch.inference_mode():
+        ref = dec(vae.post_quant_conv(z))
+        mode, fast = with_triton_convs(dec, "half", DEVICE)
+        got = fast(vae.post_quant_conv(z))
+    assert mode == "half"
+    swapped = [n for n, m in fast.named_modules() if isinstance(m, TritonConv2d)]
+    # mid block 2 resnets x 2 convs + 4 up blocks x 2 resnets x 2 convs + 1 shortcut (64 -> 32) + 3 phase convs
+    assert len(swapped) == 4 + 16 + 1 + 3
+    assert sum(n.endswith("up_conv.conv") for n in swapped) == 3
+    assert not any(isinstance(m, TritonConv2d) for m in dec.modules())  # original untouched
+    assert isinstance(fast.conv_out, nn.Conv2d) and isinstance(fast.conv_in, nn.Conv2d)  # 3 outputs / 4 inputs
+    assert ((got - ref).norm() / ref.norm()).item() < 1e-4
+
+
+def test_modes():
+    with pytest.raises(ValueError, match="triton_convs must be one of"):
+        with_triton_convs(nn.Conv2d(16, 16, 3), "int8", DEVICE)
+    conv = nn.Conv2d(16, 16, 3)
+    assert with_triton_convs(conv, "off", DEVICE) == ("off", conv)
+
+
+def test_engine_without_the_kernel_keeps_cudnn(monkeypatch):
+    """Where the kernel cannot run the engine says so and keeps its convs (mode 'off')."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    from newsstudio.engines.musetalk.engine import TINY_VAE_CONFIG, MuseTalkEngine
+
+    eng = MuseTalkEngine("cpu", weights="random", triton_convs="half", vae_config=TINY_VAE_CONFIG,
+                         unet_config={"block_out_channels": [32, 64, 64, 64], "layers_per_block": 1})
+    assert eng.triton_convs == "off"
+    assert not any(isinstance(m, TritonConv2d) for m in eng._vae_decoder.modules())
+    with pytest.raises(ValueError, match="triton_convs"):
+        MuseTalkEngine("cpu", weights="random", triton_convs="fast", vae_config=TINY_VAE_CONFIG,
+                       unet_config={"block_out_channels": [32, 64, 64, 64], "layers_per_block": 1})
