@@ -143,7 +143,7 @@ def write_json(path: str | os.PathLike[str] | None, data: dict[str, Any]) -> Non
 def add_engine_config_args(ap: argparse.ArgumentParser) -> None:
     """--variants and --mp4, the same in every engine benchmark."""
     ap.add_argument("--variants", default=None,
-                    help="engine configurations to time, ACCEL[:nchw|:cl][:nobench][:norw][:tf32|:notf32],... (first = compared with the reference)")
+                    help=f"engine configurations to time, {VARIANT_SYNTAX},... (first = compared with the reference)")
     ap.add_argument("--mp4", default="veryfast", help="segment->MP4 encoding, PRESET[:WORKERS[/SEGMENT_FRAMES[/THREADS]]][~RAMP]; several "
                     "comma-separated are each timed (the first is the headline figure); ~RAMP: chunk sizes ramp up "
                     "from and down to RAMP frames")
@@ -154,17 +154,23 @@ def variant_list(spec: str | None) -> list[str] | None:
     return [v for v in (spec or "").split(",") if v] or None
 
 
+VARIANT_FLAGS = ("nchw", "cl", "nobench", "norw", "tf32", "notf32", "triton", "triton8")
+VARIANT_SYNTAX = "ACCEL[:nchw|:cl][:nobench][:norw][:tf32|:notf32][:triton|:triton8]"
+
+
 def parse_variant(spec: str) -> dict[str, Any]:
-    """`ACCEL[:nchw|:cl][:nobench][:norw][:tf32|:notf32]` -> engine keywords: the accel mode, channels_last (':nchw'
-    off, ':cl' on, else the engine's default), cudnn_benchmark (':nobench' off, else the default: on
-    with CUDA), the engine's exact conv_rewrites (':norw' off) and, for Ditto, its front end graphed
-    with TF32 matmuls (':tf32') or in float32 (':notf32'; else the engine's default, TF32). Each
-    configuration gets its own copy of the weights (engines/model_cache.py)."""
+    """`ACCEL[:nchw|:cl][:nobench][:norw][:tf32|:notf32][:triton|:triton8]` -> engine keywords: the accel
+    mode, channels_last (':nchw' off, ':cl' on, else the engine's default), cudnn_benchmark
+    (':nobench' off, else the default: on with CUDA), the engine's exact conv_rewrites (':norw' off),
+    for Ditto its front end graphed with TF32 matmuls (':tf32') or in float32 (':notf32'; else the
+    engine's default, TF32), and for MuseTalk the VAE decoder's convs on the Triton kernel in half
+    precision (':triton') or FP8 (':triton8'). Each configuration gets its own copy of the weights
+    (engines/model_cache.py)."""
     from newsstudio.accel import MODES
 
     accel, *flags = spec.split(":")
-    if accel not in MODES or any(f not in ("nchw", "cl", "nobench", "norw", "tf32", "notf32") for f in flags):
-        raise SystemExit(f"--variants: {spec!r} is not ACCEL[:nchw|:cl][:nobench][:norw][:tf32|:notf32] with ACCEL one of {MODES}")
+    if accel not in MODES or any(f not in VARIANT_FLAGS for f in flags):
+        raise SystemExit(f"--variants: {spec!r} is not {VARIANT_SYNTAX} with ACCEL one of {MODES}")
     kw: dict[str, Any] = {"accel": accel}
     if "nchw" in flags or "cl" in flags:
         kw["channels_last"] = "cl" in flags
@@ -174,6 +180,8 @@ def parse_variant(spec: str) -> dict[str, Any]:
         kw["conv_rewrites"] = False
     if "tf32" in flags or "notf32" in flags:
         kw["front_end_tf32"] = "tf32" in flags
+    if "triton" in flags or "triton8" in flags:
+        kw["triton_convs"] = "fp8" if "triton8" in flags else "half"
     return kw
 
 

@@ -36,6 +36,7 @@ import argparse
 import contextlib
 import copy
 import gc
+import importlib.util
 import json
 import math
 import statistics
@@ -264,10 +265,11 @@ class Lever:
     tf32: bool = False
     fold: bool = True  # apply the network's `specialise` (Ditto: folded spectral norm)
     rewrite: bool = False  # apply the network's `rewrite`
+    triton: str = "off"  # the network's convs on the Triton kernel: "half" | "fp8" (accel/igemm_conv.py)
     reference: bool = False
 
     def key(self) -> tuple:
-        return (self.dtype, self.channels_last, self.fp8, self.fold and self.dtype != "fp32", self.rewrite)
+        return (self.dtype, self.channels_last, self.fp8, self.fold and self.dtype != "fp32", self.rewrite, self.triton)
 
 
 def levers_for(net: Net, half: str) -> list[Lever]:
@@ -296,6 +298,10 @@ def levers_for(net: Net, half: str) -> list[Lever]:
                 Lever(f"{h} cudagraph, conv rewrites", "half", mode="cudagraph", rewrite=True),
                 Lever(f"{h} channels_last compile+cudagraph, conv rewrites", "half", mode="compile+cudagraph",
                       channels_last=True, rewrite=True)]
+        if net.name == "vae":  # the Triton convolution kernel, in the engine's configuration otherwise
+            out += [Lever(f"{h} channels_last {mode}, conv rewrites, triton {t} convs", "half", mode=mode,
+                          channels_last=True, rewrite=True, triton=t)
+                    for t in ("half", "fp8") for mode in ("cudagraph", "compile+cudagraph")]
     return out
 
 
@@ -471,6 +477,7 @@ def run_network(net: Net, args, device: torch.device, half: str, peak: dict[str,
     compiled: dict[tuple, Callable[..., Any]] = {}
     on_cuda = device.type == "cuda"
     fp8_ok = on_cuda and fp8_supported(device)
+    triton_ok = on_cuda and importlib.util.find_spec("triton") is not None
     half_dtype = parse_dtype(half)
 
     def model_for(lv: Lever) -> tuple[nn.Module, int | None]:
@@ -488,6 +495,11 @@ def run_network(net: Net, args, device: torch.device, half: str, peak: dict[str,
                 cast_(m, dt)
             if lv.channels_last:
                 to_channels_last_(m)
+            if lv.triton != "off":
+                from newsstudio.accel.igemm_conv import convert_convs_to_triton_
+
+                if not convert_convs_to_triton_(m, fp8=lv.triton == "fp8"):
+                    raise RuntimeError("no convolution moved to the Triton kernel")
             n8 = None
             if lv.fp8:
                 n8 = convert_linears_to_fp8_(m, filter=net.fp8_filter, granularity=args.fp8_granularity)
@@ -505,12 +517,14 @@ def run_network(net: Net, args, device: torch.device, half: str, peak: dict[str,
         rows.append(row)
         elapsed = time.perf_counter() - t_start
         skip = None
-        if not on_cuda and (lv.mode != "eager" or lv.tf32 or lv.fp8 or (lv.dtype == "half" and half == "fp16")):
+        if not on_cuda and (lv.mode != "eager" or lv.tf32 or lv.fp8 or lv.triton != "off" or (lv.dtype == "half" and half == "fp16")):
             skip = "needs CUDA"
         elif lv.fp8 and net.fp8_filter is None:
             skip = "no linear layers worth FP8 (convolutional network)"
-        elif lv.fp8 and not fp8_ok:
+        elif (lv.fp8 or lv.triton == "fp8") and not fp8_ok:
             skip = "FP8 needs compute capability >= 8.9 and torch._scaled_mm"
+        elif lv.triton != "off" and not triton_ok:
+            skip = "the Triton kernel needs CUDA and triton"
         elif lv.channels_last and not net.has_conv:
             skip = "no convolutions"
         elif lv.mode != "eager" and "compile" in lv.mode and elapsed > 0.7 * args.budget:

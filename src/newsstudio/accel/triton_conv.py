@@ -19,6 +19,7 @@ The launcher (`conv2d_nhwc`) autotunes tile shapes per layer shape on CUDA. Trit
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 
 import torch
@@ -61,6 +62,23 @@ def _prune(configs, named_args, **kwargs):
     c_in, c_out = kwargs.get("C_IN", named_args.get("C_IN")), kwargs.get("C_OUT", named_args.get("C_OUT"))
     fits_k = [c for c in configs if c_in % c.kwargs["BLOCK_K"] == 0]
     return [c for c in fits_k if c.kwargs["BLOCK_N"] <= max(64, 2 * c_out)] or fits_k[:1]
+
+
+def _autotune_options() -> dict:
+    """Short timing runs (an engine tunes ~12 layer shapes x its batch buckets at start-up) and, where
+    this Triton can, tuning results kept on disk beside the compiled kernels (a warm restart does not
+    tune again)."""
+    params = inspect.signature(triton.autotune).parameters
+    opts: dict = {}
+    if "cache_results" in params:
+        opts["cache_results"] = True
+    if "do_bench" in params:
+        from triton.testing import do_bench
+
+        opts["do_bench"] = lambda fn, quantiles: do_bench(fn, warmup=5, rep=20, quantiles=quantiles)
+    elif "rep" in params:
+        opts.update(warmup=5, rep=20)
+    return opts
 
 
 @functools.lru_cache(maxsize=None)
@@ -123,7 +141,7 @@ def _kernels():
 
     tuned = triton.autotune(
         configs=_configs(), key=["M", "H", "W", "C_IN", "C_OUT", "KH", "KW", "PH", "PW"],
-        prune_configs_by={"early_config_prune": _prune},
+        prune_configs_by={"early_config_prune": _prune}, **_autotune_options(),
     )(_conv_kernel)
     return _conv_kernel, tuned
 
