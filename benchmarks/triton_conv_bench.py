@@ -1,7 +1,8 @@
-"""Per-layer: cuDNN vs the Triton implicit-GEMM kernel (half precision and FP8) on the convolutions
-of MuseTalk's VAE decoder as the engine runs it (phase upsampling, fp16, channels_last).
+"""Per-layer: cuDNN vs the Triton implicit-GEMM kernel (half precision and FP8) on an engine's 2-D
+convolutions as it runs them (MuseTalk: UNet + VAE decoder with phase upsampling; Ditto: warp +
+SPADE decoder, regrouped; fp16, channels_last; shapes from benchmarks/conv_profile.py's network).
 
-    python -m benchmarks.triton_conv_bench [--batch 32] [--iters 20] [--json out.json]
+    python -m benchmarks.triton_conv_bench [--engine musetalk|ditto] [--batch 32] [--iters 20] [--json out.json]
 
 For every distinct convolution shape of one decoder forward (how many times it occurs, its input
 and weight): the median CUDA-event time of cuDNN (autotuned), the Triton kernel (autotuned) in
@@ -9,7 +10,8 @@ fp16, and in FP8 — the kernel alone on pre-quantised input, and with the per-c
 quantisation (amax + cast) that `TritonConv2d(fp8=True)` adds — with TFLOP/s and the error of each
 against the float32 convolution of the same input and weight. The totals say what each choice
 would save over a whole decoder forward; `benchmarks.levers --only vae` measures the swapped
-decoder end to end (compiled, graphed, PSNR vs float32).
+decoder end to end (compiled, graphed, PSNR vs float32), `benchmarks.run --variants
+compile+cudagraph:triton` the engine.
 """
 from __future__ import annotations
 
@@ -26,41 +28,26 @@ import torch.nn.functional as F
 from .common import machine
 
 
-def _decoder(batch: int, device: torch.device) -> tuple[torch.nn.Module, torch.Tensor]:
-    from newsstudio.accel.precision import to_channels_last_
-    from newsstudio.accel.upsample_conv import with_phase_upsampling
-    from newsstudio.engines.musetalk.weights import random_vae
-
-    vae = random_vae(0, device=device, dtype=torch.float16)
-    dec = with_phase_upsampling(vae.decoder)[0]
-    to_channels_last_(dec)
-    z = torch.randn(batch, 4, 32, 32, device=device, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
-    return dec.eval(), vae.post_quant_conv(z)
-
-
-def conv_shapes(dec: torch.nn.Module, z: torch.Tensor) -> list[dict[str, Any]]:
-    """The decoder's convolutions, one entry per distinct (input shape, weight shape, padding) with
-    how often it runs and one module's weight and bias (the phase convs' 2x2 weights)."""
+def conv_shapes(mods: dict[torch.nn.Module, str], run: Callable[[], Any]) -> list[dict[str, Any]]:
+    """The 2-D convolutions among ``mods`` ({module: label}, conv_profile's) as one forward ``run``
+    calls them: one entry per distinct (input shape, weight shape, padding) with how often it runs
+    and one module's weight and bias (a phase conv's 2x2 weights)."""
     from newsstudio.accel.upsample_conv import PhaseUpsampleConv
 
     seen: dict[tuple, dict[str, Any]] = {}
-    hooks = []
-    inner = {c for m in dec.modules() if isinstance(m, PhaseUpsampleConv) for c in m.modules() if c is not m}
 
-    def hook(name: str, mod: torch.nn.Module):
+    def hook(name: str):
         def pre(m, inp):
             pad = (1, 1) if isinstance(m, PhaseUpsampleConv) else tuple(m.padding)
             key = (tuple(inp[0].shape), tuple(m.weight.shape), pad)
-            entry = seen.setdefault(key, {"names": [], "weight": m.weight, "bias": m.bias, "x_shape": key[0], "padding": pad,
-                                          "stride": getattr(m, "stride", (1, 1)), "groups": getattr(m, "groups", 1)})
-            entry["names"].append(name)
+            seen.setdefault(key, {"names": [], "weight": m.weight, "bias": m.bias, "x_shape": key[0],
+                                  "padding": pad})["names"].append(name)
         return pre
 
-    for name, m in dec.named_modules():
-        if (isinstance(m, torch.nn.Conv2d) and m not in inner) or isinstance(m, PhaseUpsampleConv):
-            hooks.append(m.register_forward_pre_hook(hook(name, m)))
+    hooks = [m.register_forward_pre_hook(hook(name)) for m, name in mods.items()
+             if type(m) is torch.nn.Conv2d or isinstance(m, PhaseUpsampleConv)]
     with torch.inference_mode():
-        dec(z)
+        run()
     for h in hooks:
         h.remove()
     return list(seen.values())
@@ -159,6 +146,7 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine", default="musetalk", choices=["musetalk", "ditto"])
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json", default=None)
@@ -170,15 +158,16 @@ def main(argv: list[str] | None = None) -> int:
     configure_compile_cache()  # the Triton cache folder: a second run does not recompile the kernels
     torch.backends.cudnn.benchmark = True
     device = torch.device("cuda")
-    dec, z = _decoder(args.batch, device)
+    from .conv_profile import _network
+
     rows = []
-    for entry in conv_shapes(dec, z):
+    for entry in conv_shapes(*_network(args.engine, True, args.batch)):
         rows.append(measure(entry, args.iters, device))
         r = rows[-1]
         print(f"{r['count']}x {r['layers'][0]} {r['x']} w{r['w']}: cuDNN {r['cudnn_ms']:.3f} ms"
               + "".join(f", {k} {r[k + '_ms']:.3f} ms ({r[k + '_err']:.1e})" for k in ("half", "fp8") if r.get(k + "_ms")),
               flush=True)
-    result = {"machine": machine(), "batch": args.batch, "rows": rows, "totals": totals(rows)}
+    result = {"machine": machine(), "engine": args.engine, "batch": args.batch, "rows": rows, "totals": totals(rows)}
     print(table(rows))
     print("decoder-forward totals (ms, batch %d): " % args.batch + ", ".join(f"{k} {v:.2f}" for k, v in result["totals"].items()))
     if args.json:

@@ -70,6 +70,16 @@ def test_half_precision_module():
     assert ((got.float().cpu() - ref).norm() / ref.norm()).item() < 2e-3
 
 
+def test_input_of_another_dtype_is_cast_like_autocast():
+    """Ditto runs its half-precision networks under autocast, where a conv casts a float32 input."""
+    conv = nn.Conv2d(16, 16, 3, padding=1).half().to(DEVICE)
+    m = TritonConv2d.from_conv(conv)
+    x = _cl(torch.randn(1, 16, 5, 5))
+    got = m(x)
+    assert got.dtype == torch.float16
+    torch.testing.assert_close(got, conv(x.half()).contiguous(memory_format=torch.channels_last), rtol=2e-3, atol=2e-3)
+
+
 def test_fp8_module_is_the_quantised_arithmetic():
     """FP8: weight per output channel, input per tensor, float32 accumulation, rescaled: equal to the
     same quantisation done in plain torch, and within e4m3's error of the float32 conv."""
@@ -147,9 +157,14 @@ def test_modes():
     assert with_triton_convs(conv, "off", DEVICE) == ("off", conv)
 
 
-def test_engine_without_the_kernel_keeps_cudnn(monkeypatch):
-    """Where the kernel cannot run the engine says so and keeps its convs (mode 'off')."""
+def test_engines_without_the_kernel_keep_cudnn(monkeypatch):
+    """Where the kernel cannot run the engines say so and keep their convs (mode 'off')."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    from newsstudio.engines.ditto.engine import DittoEngine
+
+    ditto = DittoEngine("cpu", weights="random", input_size=128, hubert_layers=2, steps=2, triton_convs="fp8")
+    assert ditto.triton_convs == "off"
+    assert not any(isinstance(m, TritonConv2d) for net in (ditto._warp, ditto._decoder) for m in net.modules())
     from newsstudio.engines.musetalk.engine import TINY_VAE_CONFIG, MuseTalkEngine
 
     eng = MuseTalkEngine("cpu", weights="random", triton_convs="half", vae_config=TINY_VAE_CONFIG,
@@ -159,3 +174,15 @@ def test_engine_without_the_kernel_keeps_cudnn(monkeypatch):
     with pytest.raises(ValueError, match="triton_convs"):
         MuseTalkEngine("cpu", weights="random", triton_convs="fast", vae_config=TINY_VAE_CONFIG,
                        unet_config={"block_out_channels": [32, 64, 64, 64], "layers_per_block": 1})
+
+
+def test_every_allowed_channel_count_has_a_tile_to_tune():
+    """The GPU autotuner's candidate tiles: for any C_in the kernel accepts, at least one whose K step
+    divides it (a K step never straddles two taps), the wide ones only where they fit."""
+    from newsstudio.accel.triton_conv import _configs, _prune
+
+    for c_in in range(16, 1025, 16):
+        for c_out in (16, 64, 128, 2048):
+            tiles = [c.kwargs for c in _prune(_configs(), {}, C_IN=c_in, C_OUT=c_out)]
+            assert tiles and all(c_in % t["BLOCK_K"] == 0 for t in tiles)
+            assert all(t["BLOCK_N"] <= max(64, 2 * c_out) for t in tiles) or len(tiles) == 1

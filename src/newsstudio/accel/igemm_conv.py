@@ -74,7 +74,8 @@ def eligible_conv(conv: nn.Module) -> bool:
 
 class TritonConv2d(nn.Module):
     """``F.conv2d(x, weight, bias, padding=padding)`` (stride 1) by the Triton kernel, channels-last
-    output; optionally ``+ residual`` in the same kernel. ``fp8=True``: FP8 operands (see module doc)."""
+    output in the weight's dtype (an input of another dtype is cast first, as autocast would);
+    optionally ``+ residual`` in the same kernel. ``fp8=True``: FP8 operands (see module doc)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, padding: tuple[int, int],
                  fp8: bool = False) -> None:
@@ -112,11 +113,12 @@ class TritonConv2d(nn.Module):
             y = F.conv2d(x, self.weight, self.bias, padding=self.padding)
             return y if residual is None else y + residual
         (kh, kw), (ph, pw) = self.kernel_size, self.padding
+        out_dtype = self.weight.dtype  # the network's dtype, as a conv under autocast gives
         if not self.fp8:
-            return _triton_conv2d(x, self.packed, self.bias, residual, None, None, kh, kw, ph, pw, x.dtype)
+            return _triton_conv2d(x.to(out_dtype), self.packed, self.bias, residual, None, None, kh, kw, ph, pw, out_dtype)
         x_scale = (x.abs().amax().float() / E4M3_MAX).clamp_min(_EPS).reshape(1)
         xq = (x.float() / x_scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
-        return _triton_conv2d(xq, self.packed, self.bias, residual, x_scale, self.w_scale, kh, kw, ph, pw, x.dtype)
+        return _triton_conv2d(xq, self.packed, self.bias, residual, x_scale, self.w_scale, kh, kw, ph, pw, out_dtype)
 
 
 def convert_convs_to_triton_(module: nn.Module, *, fp8: bool = False,

@@ -46,10 +46,12 @@ def interpreting() -> bool:
 
 
 def _configs() -> list:
+    """Tile shapes to try: few, because each is compiled for every layer shape (the usual Hopper
+    GEMM tiles; BLOCK_K 32 and 16 only for C_in that 64 does not divide)."""
     out = []
     for bm, bn, bk, warps, stages in (
-        (128, 128, 64, 8, 3), (128, 128, 64, 4, 4), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4),
-        (128, 256, 64, 8, 3), (128, 128, 128, 8, 3), (128, 64, 32, 4, 4),
+        (128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4), (128, 256, 64, 8, 3),
+        (128, 128, 128, 8, 3), (128, 64, 32, 4, 4), (64, 64, 16, 4, 3),
     ):
         out.append(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8},
                                  num_warps=warps, num_stages=stages))
@@ -61,6 +63,8 @@ def _prune(configs, named_args, **kwargs):
     is not far wider than C_out."""
     c_in, c_out = kwargs.get("C_IN", named_args.get("C_IN")), kwargs.get("C_OUT", named_args.get("C_OUT"))
     fits_k = [c for c in configs if c_in % c.kwargs["BLOCK_K"] == 0]
+    if any(c.kwargs["BLOCK_K"] >= 64 for c in fits_k):
+        fits_k = [c for c in fits_k if c.kwargs["BLOCK_K"] >= 64]
     return [c for c in fits_k if c.kwargs["BLOCK_N"] <= max(64, 2 * c_out)] or fits_k[:1]
 
 

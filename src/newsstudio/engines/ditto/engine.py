@@ -58,6 +58,7 @@ import numpy as np
 import torch
 
 from ...accel.host_copy import tensor_on, to_device
+from ...accel.igemm_conv import with_triton_convs
 from ...accel.precision import to_channels_last_
 from ...accel.settings import resolve_accel
 from ...accel.static import BucketedRunner, render_buckets
@@ -313,6 +314,9 @@ class DittoEngine(Engine):
     ``conv_rewrites``: warp and decoder regrouped for the GPU (models/regrouped.py: aligned 2-D forms
     of the badly shaped 3-D convs, phase convolutions instead of upsample + conv, stacked same-input
     convs; equal up to rounding; the shared plain networks stay as loaded).
+    ``triton_convs``: warp's and decoder's 2-D convolutions by the Triton implicit-GEMM kernel
+    (accel/igemm_conv.py) in half precision (``"half"``) or FP8 (``"fp8"``), or by cuDNN (``"off"``,
+    the default until the kernel is measured to pay on the GPU); CUDA only.
     ``stride``: warp + decode every ``stride``-th frame only and interpolate the frames between
     (``stride_mode``: how; see stride.py); 1 = dense.
     ``front_end_tf32``: HuBERT's and the LMDM's CUDA graphs captured with TF32 matmuls (their
@@ -342,6 +346,7 @@ class DittoEngine(Engine):
         cudnn_benchmark: bool | None = None,
         prebake_batch: int | None = None,
         conv_rewrites: bool = True,
+        triton_convs: str = "off",
         stride: int = 1,
         stride_mode: str = "mask",
         front_end_tf32: bool = True,
@@ -376,6 +381,8 @@ class DittoEngine(Engine):
         if self.conv_rewrites and self.channels_last:
             to_channels_last_(self._warp)
             to_channels_last_(self._decoder)
+        self.triton_convs, self._warp = with_triton_convs(self._warp, triton_convs, device, copied=self.conv_rewrites)
+        _, self._decoder = with_triton_convs(self._decoder, self.triton_convs, device, copied=self.conv_rewrites)
         # warp + decoder as one static-shape callable per batch bucket (CUDA graphs: ~1,000 launches less per call)
         self._crop_runner = BucketedRunner(self._crops, self.accel, sizes=render_buckets())
         # HuBERT over fixed 6480-sample windows, 1-8 per call: ~700 small kernels each, graphed on CUDA.
