@@ -265,7 +265,7 @@ class Lever:
     tf32: bool = False
     fold: bool = True  # apply the network's `specialise` (Ditto: folded spectral norm)
     rewrite: bool = False  # apply the network's `rewrite`
-    triton: str = "off"  # the network's convs on the Triton kernel: "half" | "fp8" (accel/igemm_conv.py)
+    triton: str = "off"  # the network's convs on the Triton kernel: "half" | "fp8" | "fp8-static" (accel/igemm_conv.py)
     reference: bool = False
 
     def key(self) -> tuple:
@@ -301,7 +301,7 @@ def levers_for(net: Net, half: str) -> list[Lever]:
         if net.name == "vae":  # the Triton convolution kernel, in the engine's configuration otherwise
             out += [Lever(f"{h} channels_last {mode}, conv rewrites, triton {t} convs", "half", mode=mode,
                           channels_last=True, rewrite=True, triton=t)
-                    for t in ("half", "fp8") for mode in ("cudagraph", "compile+cudagraph")]
+                    for t in ("half", "fp8", "fp8-static") for mode in ("cudagraph", "compile+cudagraph")]
     return out
 
 
@@ -498,8 +498,12 @@ def run_network(net: Net, args, device: torch.device, half: str, peak: dict[str,
             if lv.triton != "off":
                 from newsstudio.accel.igemm_conv import convert_convs_to_triton_
 
-                if not convert_convs_to_triton_(m, fp8=lv.triton == "fp8"):
+                if not convert_convs_to_triton_(m, lv.triton):
                     raise RuntimeError("no convolution moved to the Triton kernel")
+                if lv.triton == "fp8-static":  # scales from the first timing input; accuracy is measured on another draw
+                    from newsstudio.accel.igemm_conv import calibrate_fp8_
+
+                    calibrate_fp8_(m, lambda: net.make_fn(m)(*_cast_inputs(sets32[0], dt, lv.channels_last)))
             n8 = None
             if lv.fp8:
                 n8 = convert_linears_to_fp8_(m, filter=net.fp8_filter, granularity=args.fp8_granularity)
@@ -521,7 +525,7 @@ def run_network(net: Net, args, device: torch.device, half: str, peak: dict[str,
             skip = "needs CUDA"
         elif lv.fp8 and net.fp8_filter is None:
             skip = "no linear layers worth FP8 (convolutional network)"
-        elif (lv.fp8 or lv.triton == "fp8") and not fp8_ok:
+        elif (lv.fp8 or lv.triton.startswith("fp8")) and not fp8_ok:
             skip = "FP8 needs compute capability >= 8.9 and torch._scaled_mm"
         elif lv.triton != "off" and not triton_ok:
             skip = "the Triton kernel needs CUDA and triton"

@@ -7,7 +7,7 @@ SPADE decoder, regrouped; fp16, channels_last; shapes from benchmarks/conv_profi
 For every distinct convolution shape of one decoder forward (how many times it occurs, its input
 and weight): the median CUDA-event time of cuDNN (autotuned), the Triton kernel (autotuned) in
 fp16, and in FP8 — the kernel alone on pre-quantised input, and with the per-call input
-quantisation (amax + cast) that `TritonConv2d(fp8=True)` adds — with TFLOP/s and the error of each
+quantisation (amax + cast) that `TritonConv2d(mode="fp8")` adds — with TFLOP/s and the error of each
 against the float32 convolution of the same input and weight. The totals say what each choice
 would save over a whole decoder forward; `benchmarks.levers --only vae` measures the swapped
 decoder end to end (compiled, graphed, PSNR vs float32), `benchmarks.run --variants
@@ -99,7 +99,7 @@ def measure(entry: dict[str, Any], iters: int, device: torch.device) -> dict[str
                     row["fp8_ms"] = None
                     continue
                 t0 = time.perf_counter()
-                m = TritonConv2d.from_conv(conv, fp8=mode == "fp8")
+                m = TritonConv2d.from_conv(conv, mode)
                 out = m(x)
                 torch.cuda.synchronize()
                 row[f"{mode}_first_call_s"] = time.perf_counter() - t0  # compile + autotune

@@ -87,7 +87,7 @@ def test_fp8_module_is_the_quantised_arithmetic():
     conv = nn.Conv2d(32, 48, 3, padding=1)
     x = torch.randn(2, 32, 8, 8, generator=g) * 3
     ref = conv(x)
-    m = TritonConv2d.from_conv(conv.to(DEVICE), fp8=True)
+    m = TritonConv2d.from_conv(conv.to(DEVICE), "fp8")
     assert m.packed.dtype == E4M3 and m.w_scale.shape == (48,)
     got = m(_cl(x)).cpu()
     xs = x.abs().amax() / E4M3_MAX
@@ -96,6 +96,32 @@ def test_fp8_module_is_the_quantised_arithmetic():
     torch.testing.assert_close(got, F.conv2d(xq, wq, conv.bias.detach().cpu(), padding=1), rtol=1e-4, atol=1e-4)
     rel = ((got - ref).norm() / ref.norm()).item()
     assert 1e-3 < rel < 6e-2  # it did quantise, and no worse than e4m3 rounding of both operands
+
+
+def test_fp8_static_scale_comes_from_calibration():
+    """fp8-static: the input scale is fixed by calibrate_fp8_ from the largest input seen, so a later
+    input quantises with it (larger values saturate instead of overflowing); uncalibrated it refuses."""
+    from newsstudio.accel.igemm_conv import calibrate_fp8_
+
+    g = torch.Generator().manual_seed(5)
+    conv = nn.Conv2d(16, 32, 3, padding=1).to(DEVICE)
+    net = nn.Sequential(TritonConv2d.from_conv(conv, "fp8-static"))
+    small, big = _cl(torch.randn(1, 16, 6, 6, generator=g)), _cl(torch.randn(1, 16, 6, 6, generator=g) * 4)
+    with pytest.raises(RuntimeError, match="calibrate_fp8_"):
+        net(small)
+    assert calibrate_fp8_(net, lambda: (net(small), net(small * 0.5))) == 1
+    m = net[0]
+    torch.testing.assert_close(m.x_scale.cpu(), (small.abs().amax() / E4M3_MAX).reshape(1).cpu())
+    for x in (small, big):
+        got = m(x).cpu()
+        xq = (x.cpu() / m.x_scale.cpu()).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).float() * m.x_scale.cpu()
+        wq = (m.packed.float() * m.w_scale[:, None]).cpu().reshape(32, 3, 3, 16).permute(0, 3, 1, 2)
+        torch.testing.assert_close(got, F.conv2d(xq, wq, conv.bias.detach().cpu(), padding=1), rtol=1e-4, atol=1e-4)
+        assert torch.isfinite(got).all()
+    ref = conv(small).detach().cpu()
+    assert ((m(small).cpu() - ref).norm() / ref.norm()).item() < 6e-2
+    with pytest.raises(ValueError, match="calibration"):
+        with_triton_convs(conv, "fp8-static", DEVICE)
 
 
 def test_bad_calls_are_refused():
@@ -111,6 +137,8 @@ def test_bad_calls_are_refused():
         conv2d_nhwc(x, torch.randn(8, 25 * 16, device=DEVICE), (5, 5), (0, 0))
     with pytest.raises(ValueError, match="C_in a multiple"):
         TritonConv2d(torch.randn(8, 12, 3, 3), None, (1, 1))
+    with pytest.raises(ValueError, match="mode must be one of"):
+        TritonConv2d(torch.randn(8, 16, 3, 3), None, (1, 1), "int4")
     assert not eligible_conv(nn.Conv2d(32, 32, 3, stride=2, padding=1))
     assert not eligible_conv(nn.Conv2d(32, 3, 3, padding=1))  # an RGB head: cuDNN keeps it
     assert not eligible_conv(nn.Conv2d(4, 32, 3, padding=1))  # C_in 4

@@ -6,10 +6,12 @@ packed weight the kernel wants and calls it through a registered custom op
 (``newsstudio::triton_conv2d``), so ``torch.compile`` keeps it as one opaque call with a known
 output shape and CUDA graphs capture it like any kernel.
 
-FP8 (``fp8=True``): the weight is quantised once to ``float8_e4m3fn`` with one scale per output
-channel (amax / 448); the input is quantised on every call with one scale for the whole tensor
-(its amax, computed on the GPU: no host sync, graph-capturable). Under ``torch.compile`` that
-quantisation fuses with the ops before it.
+FP8 (mode ``"fp8"`` or ``"fp8-static"``): the weight is quantised once to ``float8_e4m3fn`` with
+one scale per output channel (amax / 448); the input with one scale for the whole tensor, either
+its amax on every call (``"fp8"``: computed on the GPU, no host sync, graph-capturable, but one
+more pass over the input) or a scale fixed beforehand from the largest input seen while
+`calibrate_fp8_` runs sample inputs (``"fp8-static"``: the quantisation is then one elementwise op
+that ``torch.compile`` fuses into the op before it; larger inputs later saturate at +-448 x scale).
 
 Where the kernel cannot run (no CUDA tensor, no Triton) the module calls ``F.conv2d`` with the
 original weight, so a converted model still works on a CPU. `convert_convs_to_triton_` swaps the
@@ -29,11 +31,11 @@ from .shared_copy import shared_copy
 from .triton_conv import K_ALIGN, conv2d_nhwc, interpreting, triton_available
 from .upsample_conv import PhaseUpsampleConv
 
-__all__ = ["TRITON_CONV_MODES", "TritonConv2d", "convert_convs_to_triton_", "eligible_conv", "pack_weight",
+__all__ = ["TRITON_CONV_MODES", "TritonConv2d", "calibrate_fp8_", "convert_convs_to_triton_", "eligible_conv", "pack_weight",
            "triton_conv_supported", "with_triton_convs"]
 
 _EPS = 1e-12
-TRITON_CONV_MODES = ("off", "half", "fp8")
+TRITON_CONV_MODES = ("off", "half", "fp8", "fp8-static")
 log = logging.getLogger(__name__)
 MIN_OUT_CHANNELS = 16  # narrower outputs (RGB heads) fill no tensor-core tile: cuDNN keeps them
 
@@ -75,18 +77,22 @@ def eligible_conv(conv: nn.Module) -> bool:
 class TritonConv2d(nn.Module):
     """``F.conv2d(x, weight, bias, padding=padding)`` (stride 1) by the Triton kernel, channels-last
     output in the weight's dtype (an input of another dtype is cast first, as autocast would);
-    optionally ``+ residual`` in the same kernel. ``fp8=True``: FP8 operands (see module doc)."""
+    optionally ``+ residual`` in the same kernel. ``mode``: ``"half"`` (the weight's own dtype),
+    ``"fp8"`` or ``"fp8-static"`` (see the module doc)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, padding: tuple[int, int],
-                 fp8: bool = False) -> None:
+                 mode: str = "half") -> None:
         super().__init__()
         w = weight.detach()
         if w.dim() != 4 or w.shape[1] % K_ALIGN:
             raise ValueError(f"TritonConv2d needs a [C_out, C_in, KH, KW] weight with C_in a multiple of {K_ALIGN}, "
                              f"got {tuple(w.shape)}")
+        if mode not in TRITON_CONV_MODES[1:]:
+            raise ValueError(f"TritonConv2d mode must be one of {TRITON_CONV_MODES[1:]}, got {mode!r}")
         self.kernel_size = (int(w.shape[2]), int(w.shape[3]))
         self.padding = (int(padding[0]), int(padding[1]))
-        self.fp8 = bool(fp8)
+        self.mode = mode
+        self.fp8 = mode != "half"
         self.weight = nn.Parameter(w, requires_grad=False)  # the F.conv2d fallback's
         self.bias = nn.Parameter(bias.detach(), requires_grad=False) if bias is not None else None
         packed = pack_weight(w)
@@ -97,16 +103,21 @@ class TritonConv2d(nn.Module):
         else:
             self.register_buffer("packed", packed)
             self.w_scale = None
+        # fp8-static: the input's scale (and its reciprocal), set by calibrate_fp8_
+        self.register_buffer("x_scale", torch.ones(1, device=w.device))
+        self.register_buffer("x_inv_scale", torch.ones(1, device=w.device))
+        self.calibrated = False
+        self._amax: torch.Tensor | None = None  # running input amax while calibrating
 
     @classmethod
-    def from_conv(cls, conv: nn.Conv2d, fp8: bool = False) -> TritonConv2d:
+    def from_conv(cls, conv: nn.Conv2d, mode: str = "half") -> TritonConv2d:
         if not eligible_conv(conv):
             raise ValueError(f"not a convolution the Triton kernel computes: {conv}")
-        return cls(conv.weight, conv.bias, conv.padding, fp8)
+        return cls(conv.weight, conv.bias, conv.padding, mode)
 
     def extra_repr(self) -> str:
         o, _, kh, kw = self.weight.shape
-        return f"{self.weight.shape[1]}, {o}, kernel_size=({kh}, {kw}), padding={self.padding}, fp8={self.fp8}"
+        return f"{self.weight.shape[1]}, {o}, kernel_size=({kh}, {kw}), padding={self.padding}, mode={self.mode}"
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if not triton_conv_supported(x.device):
@@ -116,12 +127,43 @@ class TritonConv2d(nn.Module):
         out_dtype = self.weight.dtype  # the network's dtype, as a conv under autocast gives
         if not self.fp8:
             return _triton_conv2d(x.to(out_dtype), self.packed, self.bias, residual, None, None, kh, kw, ph, pw, out_dtype)
-        x_scale = (x.abs().amax().float() / E4M3_MAX).clamp_min(_EPS).reshape(1)
+        if self.mode == "fp8-static" and self._amax is None:
+            if not self.calibrated:
+                raise RuntimeError("an fp8-static TritonConv2d needs calibrate_fp8_ before it runs")
+            xq = (x * self.x_inv_scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+            return _triton_conv2d(xq, self.packed, self.bias, residual, self.x_scale, self.w_scale, kh, kw, ph, pw, out_dtype)
+        amax = x.abs().amax().float()
+        if self._amax is not None:
+            self._amax = torch.maximum(self._amax, amax)
+        x_scale = (amax / E4M3_MAX).clamp_min(_EPS).reshape(1)
         xq = (x.float() / x_scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
         return _triton_conv2d(xq, self.packed, self.bias, residual, x_scale, self.w_scale, kh, kw, ph, pw, out_dtype)
 
 
-def convert_convs_to_triton_(module: nn.Module, *, fp8: bool = False,
+def calibrate_fp8_(module: nn.Module, run: Callable[[], object]) -> int:
+    """Fix the input scale of every ``"fp8-static"`` `TritonConv2d` in ``module`` from the largest
+    input it sees while ``run()`` (sample forwards; dynamically scaled meanwhile) executes; returns
+    how many were calibrated. Run it eagerly, before compiling or capturing a graph."""
+    convs = [m for m in module.modules() if isinstance(m, TritonConv2d) and m.mode == "fp8-static"]
+    for m in convs:
+        m._amax = torch.zeros((), device=m.packed.device)
+    try:
+        with torch.inference_mode():
+            run()
+        for m in convs:
+            if not bool(m._amax > 0):
+                raise RuntimeError("calibration saw no input (or only zeros) for an fp8-static convolution")
+            scale = (m._amax / E4M3_MAX).reshape(1)
+            m.x_scale.copy_(scale)
+            m.x_inv_scale.copy_(1.0 / scale)
+            m.calibrated = True
+    finally:
+        for m in convs:
+            m._amax = None
+    return len(convs)
+
+
+def convert_convs_to_triton_(module: nn.Module, mode: str = "half", *,
                              filter: Callable[[str, nn.Module], bool] | None = None,  # noqa: A002
                              force: bool = False) -> int:
     """Swap, in place, every eligible ``nn.Conv2d`` of ``module`` (and the 2x2 convolution inside each
@@ -134,14 +176,14 @@ def convert_convs_to_triton_(module: nn.Module, *, fp8: bool = False,
             continue
         if isinstance(child, PhaseUpsampleConv):
             if child.conv is None and child.weight.shape[1] % K_ALIGN == 0 and (force or triton_conv_supported(child.weight.device)):
-                child.conv = TritonConv2d(child.weight, child.bias, (1, 1), fp8)
+                child.conv = TritonConv2d(child.weight, child.bias, (1, 1), mode)
                 count += 1
             continue
         if not eligible_conv(child) or not (force or triton_conv_supported(child.weight.device)):
             continue
         parent_name, _, attr = name.rpartition(".")
         parent = module.get_submodule(parent_name) if parent_name else module
-        setattr(parent, attr, TritonConv2d.from_conv(child, fp8))
+        setattr(parent, attr, TritonConv2d.from_conv(child, mode))
         count += 1
     return count
 
@@ -158,10 +200,12 @@ def with_triton_convs(module: nn.Module, mode: str, device: torch.device | str, 
     if mode == "off":
         return mode, module
     device = torch.device(device)
+    if mode == "fp8-static":
+        raise ValueError("fp8-static needs calibration inputs: use convert_convs_to_triton_ and calibrate_fp8_")
     if not triton_conv_supported(device) or (mode == "fp8" and not fp8_supported(device) and not interpreting()):
         log.warning("Triton convolutions (%s) cannot run on %s (%s): cuDNN keeps them", mode, device,
                     "no triton" if not triton_available() else "needs CUDA" + (" with compute capability >= 8.9" if mode == "fp8" else ""))
         return "off", module
     out = module if copied else shared_copy(module)
-    convert_convs_to_triton_(out, fp8=mode == "fp8")
+    convert_convs_to_triton_(out, mode)
     return mode, out
