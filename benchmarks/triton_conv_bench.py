@@ -71,10 +71,17 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.float() - ref).norm() / ref.norm())
 
 
+VARIANTS = ("cudnn", "fp16 pointer", "fp16 tma", "fp8 pointer", "fp8 tma", "fp8 pointer kernel", "fp8 tma kernel")
+
+
 def measure(entry: dict[str, Any], iters: int, device: torch.device) -> dict[str, Any]:
-    from newsstudio.accel.fp8 import fp8_supported
+    """One layer shape: each variant's median ms, TFLOP/s, error vs float32 and first-call seconds
+    (Triton compile + autotune). 'fp8 X' includes the per-call input quantisation; 'fp8 X kernel'
+    is the kernel alone on input quantised beforehand (what a fused static-scale quantisation
+    would approach)."""
+    from newsstudio.accel.fp8 import E4M3, E4M3_MAX, fp8_supported
     from newsstudio.accel.igemm_conv import TritonConv2d, eligible_conv
-    from newsstudio.accel.triton_conv import K_ALIGN
+    from newsstudio.accel.triton_conv import conv2d_nhwc, tma_available, tma_width
 
     w, b, pad = entry["weight"], entry["bias"], entry["padding"]
     o, i, kh, kw = w.shape
@@ -82,65 +89,72 @@ def measure(entry: dict[str, Any], iters: int, device: torch.device) -> dict[str
     ref = F.conv2d(x.float(), w.float(), None if b is None else b.float(), padding=pad)
     flops = 2.0 * ref.numel() * i * kh * kw
     row: dict[str, Any] = {"layers": entry["names"], "count": len(entry["names"]), "x": list(entry["x_shape"]),
-                           "w": [o, i, kh, kw], "padding": list(pad), "gflop": flops / 1e9}
-    with torch.inference_mode():
-        out = F.conv2d(x, w, b, padding=pad)
-        row["cudnn_ms"] = _time(lambda: F.conv2d(x, w, b, padding=pad), iters)
-        row["cudnn_err"] = _rel(out, ref)
-        conv = torch.nn.Conv2d(i, o, (kh, kw), padding=pad, bias=b is not None, device=device, dtype=w.dtype)
+                           "w": [o, i, kh, kw], "padding": list(pad), "gflop": flops / 1e9, "ms": {}, "err": {},
+                           "first_call_s": {}, "failed": {}}
+    calls: dict[str, Any] = {"cudnn": lambda: F.conv2d(x, w, b, padding=pad)}
+    conv = torch.nn.Conv2d(i, o, (kh, kw), padding=pad, bias=b is not None, device=device, dtype=w.dtype)
+    with torch.no_grad():
         conv.weight.copy_(w)
         if b is not None:
             conv.bias.copy_(b)
-        if i % K_ALIGN or not eligible_conv(conv):
-            row["triton"] = "not eligible (C_in % 16, an RGB head, or not stride-1)"
-        else:
-            for mode in ("half", "fp8"):
-                if mode == "fp8" and not fp8_supported(device):
-                    row["fp8_ms"] = None
-                    continue
+    if not eligible_conv(conv):
+        row["note"] = "not for the Triton kernel (C_in % 16, an RGB head, or not stride-1)"
+    else:
+        kernels = ["pointer"] + (["tma"] if tma_width(ref.shape[3]) and tma_available(device) else [])
+        modes = ["half"] + (["fp8"] if fp8_supported(device) else [])
+        xs = (x.abs().amax().float() / E4M3_MAX).reshape(1)
+        xq = (x.float() / xs).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+        for mode in modes:
+            for k in kernels:
+                m = TritonConv2d.from_conv(conv, mode, kernel=k)
+                calls[f"{'fp16' if mode == 'half' else 'fp8'} {k}"] = m
+                if mode == "fp8":
+                    calls[f"fp8 {k} kernel"] = (lambda m=m, k=k: conv2d_nhwc(xq, m.packed, (kh, kw), pad, bias=m.bias, x_scale=xs,
+                                                                          w_scale=m.w_scale, out_dtype=x.dtype, kernel=k))
+    with torch.inference_mode():
+        for name, call in calls.items():
+            fn = (lambda call=call: call(x)) if isinstance(call, torch.nn.Module) else call
+            try:
                 t0 = time.perf_counter()
-                m = TritonConv2d.from_conv(conv, mode)
-                out = m(x)
+                out = fn()
                 torch.cuda.synchronize()
-                row[f"{mode}_first_call_s"] = time.perf_counter() - t0  # compile + autotune
-                row[f"{mode}_ms"] = _time(lambda: m(x), iters)
-                row[f"{mode}_err"] = _rel(out, ref)
-                if mode == "fp8":  # the kernel alone on input quantised beforehand
-                    from newsstudio.accel.fp8 import E4M3, E4M3_MAX
-                    from newsstudio.accel.triton_conv import conv2d_nhwc
-
-                    xs = (x.abs().amax().float() / E4M3_MAX).reshape(1)
-                    xq = (x.float() / xs).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
-                    row["fp8_kernel_ms"] = _time(lambda: conv2d_nhwc(xq, m.packed, (kh, kw), pad, bias=m.bias, x_scale=xs,
-                                                                      w_scale=m.w_scale, out_dtype=x.dtype), iters)
-    for k in ("cudnn", "half", "fp8", "fp8_kernel"):
-        if row.get(f"{k}_ms"):
-            row[f"{k}_tflops"] = flops / (row[f"{k}_ms"] * 1e-3) / 1e12
+                row["first_call_s"][name] = time.perf_counter() - t0
+                row["err"][name] = _rel(out, ref)
+                row["ms"][name] = _time(fn, iters)
+            except Exception as exc:  # noqa: BLE001  (one variant failing must not lose the others)
+                row["failed"][name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    row["tflops"] = {n: flops / (ms * 1e-3) / 1e12 for n, ms in row["ms"].items()}
     return row
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| layers | input | weight | GFLOP | cuDNN ms (TF/s) | Triton fp16 ms (TF/s) | Triton FP8 ms (TF/s) | FP8 kernel alone | "
-             "err fp16 cuDNN / Triton / FP8 |", "|---|---|---|---|---|---|---|---|---|"]
+    """Markdown: per layer shape, each variant's ms (TFLOP/s) and error vs float32."""
+    cols = [v for v in VARIANTS if any(v in r["ms"] or v in r["failed"] for r in rows)]
+    lines = ["| layers | input | weight | GFLOP | " + " | ".join(f"{c} ms (TF/s)" for c in cols) + " | error vs fp32 |",
+             "|---|---|---|---|" + "---|" * len(cols) + "---|"]
 
-    def cell(r, k):
-        return f"{r[k + '_ms']:.3f} ({r[k + '_tflops']:.0f})" if r.get(k + "_ms") else "—"
+    def cell(r, c):
+        if c in r["ms"]:
+            return f"{r['ms'][c]:.3f} ({r['tflops'][c]:.0f})"
+        return "failed" if c in r["failed"] else "—"
 
     for r in rows:
-        errs = " / ".join(f"{r[k]:.1e}" if r.get(k) is not None else "—" for k in ("cudnn_err", "half_err", "fp8_err"))
+        errs = ", ".join(f"{c} {r['err'][c]:.1e}" for c in cols if c in r["err"] and not c.endswith("kernel"))
         lines.append(f"| {r['count']}x {r['layers'][0]} | {'x'.join(map(str, r['x']))} | {'x'.join(map(str, r['w']))} | "
-                     f"{r['gflop']:.1f} | {cell(r, 'cudnn')} | {cell(r, 'half')} | {cell(r, 'fp8')} | {cell(r, 'fp8_kernel')} | {errs} |")
+                     f"{r['gflop']:.1f} | " + " | ".join(cell(r, c) for c in cols) + f" | {errs} |")
     return "\n".join(lines)
 
 
 def totals(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Decoder-forward sums (each shape times its count): cuDNN everywhere, Triton fp16 / FP8 where
-    eligible (cuDNN elsewhere), and the faster of cuDNN and each Triton mode per layer."""
+    """One forward's convolution time (each shape times its count) with each variant where it ran
+    (cuDNN elsewhere), and with the per-shape choice `TritonConv2d(kernel="auto")` makes: the fastest
+    of cuDNN and the fp16 kernels; the fastest FP8 kernel (quantisation included)."""
     out: dict[str, float] = {}
-    for mode in ("cudnn", "half", "fp8"):
-        out[f"{mode}_ms"] = sum(r["count"] * (r.get(f"{mode}_ms") or r["cudnn_ms"]) for r in rows)
-    for mode in ("half", "fp8"):
-        out[f"best_of_cudnn_and_{mode}_ms"] = sum(r["count"] * min(r["cudnn_ms"], r.get(f"{mode}_ms") or r["cudnn_ms"]) for r in rows)
+    for v in VARIANTS:
+        if any(v in r["ms"] for r in rows):
+            out[v] = sum(r["count"] * r["ms"].get(v, r["ms"]["cudnn"]) for r in rows)
+    for label, pool in (("auto fp16", ("cudnn", "fp16 pointer", "fp16 tma")), ("auto fp8", ("fp8 pointer", "fp8 tma"))):
+        out[label] = sum(r["count"] * min([r["ms"][v] for v in pool if v in r["ms"]] or [r["ms"]["cudnn"]]) for r in rows)
     return out
 
 
@@ -148,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine", default="musetalk", choices=["musetalk", "ditto"])
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--nets", default=None,
+                    help="networks whose convs to time, comma-separated labels (musetalk: unet,vae; ditto: warp,dec); "
+                         "default: musetalk's vae (where the time is; every shape compiles ~20 Triton kernels), all of ditto's")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -160,16 +177,20 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda")
     from .conv_profile import _network
 
+    nets = (args.nets or ("vae" if args.engine == "musetalk" else "warp,dec")).split(",")
+    mods, run = _network(args.engine, True, args.batch)
+    mods = {m: label for m, label in mods.items() if label.split(".")[0] in nets}
+    if not mods:
+        raise SystemExit(f"--nets {args.nets!r}: no convolution of {args.engine} is labelled so")
     rows = []
-    for entry in conv_shapes(*_network(args.engine, True, args.batch)):
+    for entry in conv_shapes(mods, run):
         rows.append(measure(entry, args.iters, device))
         r = rows[-1]
-        print(f"{r['count']}x {r['layers'][0]} {r['x']} w{r['w']}: cuDNN {r['cudnn_ms']:.3f} ms"
-              + "".join(f", {k} {r[k + '_ms']:.3f} ms ({r[k + '_err']:.1e})" for k in ("half", "fp8") if r.get(k + "_ms")),
-              flush=True)
+        print(f"{r['count']}x {r['layers'][0]} {r['x']} w{r['w']}: " + ", ".join(f"{n} {ms:.3f} ms" for n, ms in r["ms"].items())
+              + "".join(f"; {n} FAILED {e}" for n, e in r["failed"].items()), flush=True)
     result = {"machine": machine(), "engine": args.engine, "batch": args.batch, "rows": rows, "totals": totals(rows)}
     print(table(rows))
-    print("decoder-forward totals (ms, batch %d): " % args.batch + ", ".join(f"{k} {v:.2f}" for k, v in result["totals"].items()))
+    print(f"one forward's convolutions (ms, batch {args.batch}): " + ", ".join(f"{k} {v:.2f}" for k, v in result["totals"].items()))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1, default=str)

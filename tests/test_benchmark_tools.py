@@ -184,3 +184,29 @@ def test_the_benchmark_command_runs_an_engine_and_its_load_test_with_per_engine_
     bad = subprocess.run([sys.executable, "-m", "benchmarks.run", "--load-args", "nosuch=--render-aheads 8"], cwd=root,
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "--load-args: 'nosuch=--render-aheads 8' is not ENGINE=FLAGS" in bad.stderr
+
+
+def test_triton_conv_bench_groups_layer_shapes_and_sums_the_per_shape_choice():
+    """benchmarks/triton_conv_bench.py: one row per distinct conv shape with its count (the GPU times
+    them); the totals take each variant where it ran (cuDNN elsewhere) and the per-shape fastest."""
+    import torch
+
+    from benchmarks.triton_conv_bench import conv_shapes, table, totals
+    from newsstudio.accel.upsample_conv import with_phase_upsampling
+    from newsstudio.engines.musetalk.engine import TINY_VAE_CONFIG
+    from newsstudio.engines.musetalk.weights import random_vae
+
+    vae = random_vae(1, "cpu", config=TINY_VAE_CONFIG)
+    dec = with_phase_upsampling(vae.decoder)[0]
+    z = vae.post_quant_conv(torch.randn(2, 4, 4, 4))
+    mods = {m: f"vae.{n}" for n, m in dec.named_modules() if isinstance(m, torch.nn.Conv2d) or type(m).__name__ == "PhaseUpsampleConv"}
+    shapes = conv_shapes(mods, lambda: dec(z))
+    assert sum(len(e["names"]) for e in shapes) == 2 + 4 + 16 + 1 + 3  # conv_in/out, mid, up blocks, shortcut, phase convs
+    assert len({(e["x_shape"], tuple(e["weight"].shape)) for e in shapes}) == len(shapes)
+    rows = [{"layers": ["a"], "count": 2, "x": [1], "w": [1], "gflop": 1.0, "ms": {"cudnn": 1.0, "fp16 pointer": 0.5, "fp8 tma": 0.4},
+             "tflops": {"cudnn": 1.0, "fp16 pointer": 2.0, "fp8 tma": 2.5}, "err": {"cudnn": 1e-3}, "failed": {"fp16 tma": "x"}},
+            {"layers": ["b"], "count": 1, "x": [1], "w": [1], "gflop": 1.0, "ms": {"cudnn": 1.0}, "tflops": {"cudnn": 1.0},
+             "err": {}, "failed": {}}]
+    t = totals(rows)
+    assert t["cudnn"] == 3.0 and t["fp16 pointer"] == 2.0 and t["auto fp16"] == 2.0 and t["auto fp8"] == 1.8
+    assert "failed" in table(rows) and "0.500 (2)" in table(rows)

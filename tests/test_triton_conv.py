@@ -37,16 +37,70 @@ def _cl(t: torch.Tensor) -> torch.Tensor:
     (16, 24, 4, 4, 3, 0),   # 'valid'
 ])
 @pytest.mark.parametrize("bias", [True, False])
-def test_kernel_equals_conv2d(cin, cout, h, w, k, pad, bias):
+def test_pointer_kernel_equals_conv2d(cin, cout, h, w, k, pad, bias):
+    _check_kernel("pointer", cin, cout, h, w, k, pad, bias)
+
+
+@pytest.mark.parametrize("cin,cout,h,w,k,pad", [
+    (32, 48, 9, 8, 3, 1),    # 3x3 'same': boxes start at -1 (zero-filled), a partial last row of tiles, C_out 48
+    (64, 32, 16, 16, 3, 1),  # several channel steps per tap
+    (16, 16, 5, 8, 1, 0),    # 1x1
+    (32, 64, 7, 7, 2, 1),    # the 2x2 phase convolution: 8 x 8 out
+])
+def test_tma_kernel_equals_conv2d(cin, cout, h, w, k, pad):
+    _check_kernel("tma", cin, cout, h, w, k, pad, True)
+
+
+def _check_kernel(kernel, cin, cout, h, w, k, pad, bias):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, cin, h, w, generator=g)
     wt = torch.randn(cout, cin, k, k, generator=g) * 0.2
     b = torch.randn(cout, generator=g) if bias else None
     ref = F.conv2d(x, wt, b, padding=pad)
-    got = conv2d_nhwc(_cl(x), pack_weight(wt).to(DEVICE), (k, k), (pad, pad), bias=None if b is None else b.to(DEVICE))
+    got = conv2d_nhwc(_cl(x), pack_weight(wt).to(DEVICE), (k, k), (pad, pad), bias=None if b is None else b.to(DEVICE),
+                      kernel=kernel)
     assert got.shape == ref.shape
     assert got.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(got.cpu(), ref, rtol=2e-3, atol=2e-3)  # TF32 on a GPU, exact in the interpreter
+
+
+def test_tma_kernel_in_fp8_equals_the_pointer_kernel():
+    g = torch.Generator().manual_seed(6)
+    conv = nn.Conv2d(32, 48, 3, padding=1).to(DEVICE)
+    x = _cl(torch.randn(2, 32, 6, 16, generator=g))
+    ptr, tma = (TritonConv2d.from_conv(conv, "fp8", kernel=k) for k in ("pointer", "tma"))
+    torch.testing.assert_close(ptr(x), tma(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="output width"):  # 5 pixels wide: no box width divides it
+        conv2d_nhwc(_cl(torch.randn(1, 16, 5, 5)), torch.randn(8, 9 * 16, device=DEVICE), (3, 3), (1, 1), kernel="tma")
+
+
+def test_fastest_picks_by_time_drops_failures_and_remembers():
+    """kernel_choice.fastest with a stand-in timer (the real one needs a GPU): the quickest candidate
+    wins, one that raises is dropped, the choice is kept for the key, and nothing is timed without
+    timing."""
+    from newsstudio.accel import kernel_choice
+
+    kernel_choice.forget_choices()
+    cost = {"pointer": 2.0, "tma": 1.0, "cudnn": 1.5}
+    calls = []
+
+    def timer(fn):
+        name = fn()
+        calls.append(name)
+        return cost[name]
+
+    def broken():
+        raise RuntimeError("this Triton cannot compile that")
+
+    cands = {"pointer": lambda: "pointer", "tma": lambda: "tma", "cudnn": lambda: "cudnn", "odd": broken}
+    assert kernel_choice.fastest(("k", 1), cands, timer=timer) == "tma"
+    assert kernel_choice.fastest(("k", 1), cands, timer=timer) == "tma" and len(calls) == 3  # remembered
+    assert kernel_choice.choices()[("k", 1)] == ("tma", {"pointer": 2.0, "tma": 1.0, "cudnn": 1.5})
+    assert kernel_choice.fastest(("k", 2), cands, timing=False) == "pointer" and ("k", 2) not in kernel_choice.choices()
+    with pytest.raises(RuntimeError, match="no candidate ran"):
+        kernel_choice.fastest(("k", 3), {"a": broken, "b": broken}, timer=timer)
+    kernel_choice.forget_choices()
+    assert kernel_choice.choices() == {}
 
 
 def test_residual_is_added_in_the_epilogue():

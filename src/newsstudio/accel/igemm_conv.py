@@ -13,6 +13,10 @@ more pass over the input) or a scale fixed beforehand from the largest input see
 `calibrate_fp8_` runs sample inputs (``"fp8-static"``: the quantisation is then one elementwise op
 that ``torch.compile`` fuses into the op before it; larger inputs later saturate at +-448 x scale).
 
+By default each layer shape runs whichever is fastest on this GPU of the two Triton kernels and, in
+half precision, cuDNN itself (kernel_choice.py: timed once per shape on first use, like cuDNN's own
+autotuning), so swapping a network's convs never makes a layer slower than cuDNN made it.
+
 Where the kernel cannot run (no CUDA tensor, no Triton) the module calls ``F.conv2d`` with the
 original weight, so a converted model still works on a CPU. `convert_convs_to_triton_` swaps the
 eligible layers of a model that is already on its device and in its final dtype.
@@ -28,7 +32,8 @@ from torch import nn
 
 from .fp8 import E4M3, E4M3_MAX, fp8_supported
 from .shared_copy import shared_copy
-from .triton_conv import K_ALIGN, conv2d_nhwc, interpreting, triton_available
+from .kernel_choice import fastest
+from .triton_conv import K_ALIGN, KERNELS, conv2d_nhwc, interpreting, tma_available, tma_width, triton_available
 from .upsample_conv import PhaseUpsampleConv
 
 __all__ = ["TRITON_CONV_MODES", "TritonConv2d", "calibrate_fp8_", "convert_convs_to_triton_", "eligible_conv", "pack_weight",
@@ -41,17 +46,38 @@ MIN_OUT_CHANNELS = 16  # narrower outputs (RGB heads) fill no tensor-core tile: 
 
 
 @torch.library.custom_op("newsstudio::triton_conv2d", mutates_args=())
-def _triton_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
-                   x_scale: torch.Tensor | None, w_scale: torch.Tensor | None, kh: int, kw: int, ph: int, pw: int,
-                   out_dtype: torch.dtype) -> torch.Tensor:
-    return conv2d_nhwc(x, weight, (kh, kw), (ph, pw), bias=bias, residual=residual, x_scale=x_scale,
-                       w_scale=w_scale, out_dtype=out_dtype)
+def _triton_conv2d(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                   residual: torch.Tensor | None, x_scale: torch.Tensor | None, w_scale: torch.Tensor | None,
+                   kh: int, kw: int, ph: int, pw: int, out_dtype: torch.dtype, kernel: str) -> torch.Tensor:
+    """``kernel``: one of triton_conv.KERNELS, or "auto": the fastest of them and (given the plain
+    ``weight``, half precision) cuDNN, per shape (kernel_choice.py)."""
+    def triton_call(name: str) -> Callable[[], torch.Tensor]:
+        return lambda: conv2d_nhwc(x, packed, (kh, kw), (ph, pw), bias=bias, residual=residual, x_scale=x_scale,
+                                   w_scale=w_scale, out_dtype=out_dtype, kernel=name)
+
+    if kernel != "auto":
+        return triton_call(kernel)()
+    candidates = {"pointer": triton_call("pointer")}
+    if tma_width(x.shape[3] + 2 * pw - kw + 1) is not None and tma_available(x.device):
+        candidates["tma"] = triton_call("tma")
+    if weight is not None:
+        candidates["cudnn"] = lambda: _cudnn_conv(x, weight, bias, residual, (ph, pw))
+    key = ("conv2d", tuple(x.shape), x.dtype, tuple(packed.shape), packed.dtype, (kh, kw), (ph, pw),
+           bias is not None, residual is not None)
+    return candidates[fastest(key, candidates, timing=x.is_cuda and not interpreting())]()
+
+
+def _cudnn_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+                padding: tuple[int, int]) -> torch.Tensor:
+    y = F.conv2d(x, weight, bias, padding=padding)
+    y = y if residual is None else y + residual
+    return y.contiguous(memory_format=torch.channels_last)  # the layout the op promises (its fake says so)
 
 
 @_triton_conv2d.register_fake
-def _(x, weight, bias, residual, x_scale, w_scale, kh, kw, ph, pw, out_dtype):
+def _(x, packed, weight, bias, residual, x_scale, w_scale, kh, kw, ph, pw, out_dtype, kernel):
     b, _, h, w = x.shape
-    return torch.empty((b, weight.shape[0], h + 2 * ph - kh + 1, w + 2 * pw - kw + 1), dtype=out_dtype,
+    return torch.empty((b, packed.shape[0], h + 2 * ph - kh + 1, w + 2 * pw - kw + 1), dtype=out_dtype,
                        device=x.device, memory_format=torch.channels_last)
 
 
@@ -78,10 +104,11 @@ class TritonConv2d(nn.Module):
     """``F.conv2d(x, weight, bias, padding=padding)`` (stride 1) by the Triton kernel, channels-last
     output in the weight's dtype (an input of another dtype is cast first, as autocast would);
     optionally ``+ residual`` in the same kernel. ``mode``: ``"half"`` (the weight's own dtype),
-    ``"fp8"`` or ``"fp8-static"`` (see the module doc)."""
+    ``"fp8"`` or ``"fp8-static"`` (see the module doc). ``kernel``: ``"pointer"``, ``"tma"`` or
+    ``"auto"`` (the fastest of those and, in half precision, cuDNN, timed per shape on first use)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, padding: tuple[int, int],
-                 mode: str = "half") -> None:
+                 mode: str = "half", kernel: str = "auto") -> None:
         super().__init__()
         w = weight.detach()
         if w.dim() != 4 or w.shape[1] % K_ALIGN:
@@ -89,6 +116,9 @@ class TritonConv2d(nn.Module):
                              f"got {tuple(w.shape)}")
         if mode not in TRITON_CONV_MODES[1:]:
             raise ValueError(f"TritonConv2d mode must be one of {TRITON_CONV_MODES[1:]}, got {mode!r}")
+        if kernel not in ("auto", *KERNELS):
+            raise ValueError(f"TritonConv2d kernel must be 'auto' or one of {KERNELS}, got {kernel!r}")
+        self.kernel = kernel
         self.kernel_size = (int(w.shape[2]), int(w.shape[3]))
         self.padding = (int(padding[0]), int(padding[1]))
         self.mode = mode
@@ -110,14 +140,15 @@ class TritonConv2d(nn.Module):
         self._amax: torch.Tensor | None = None  # running input amax while calibrating
 
     @classmethod
-    def from_conv(cls, conv: nn.Conv2d, mode: str = "half") -> TritonConv2d:
+    def from_conv(cls, conv: nn.Conv2d, mode: str = "half", kernel: str = "auto") -> TritonConv2d:
         if not eligible_conv(conv):
             raise ValueError(f"not a convolution the Triton kernel computes: {conv}")
-        return cls(conv.weight, conv.bias, conv.padding, mode)
+        return cls(conv.weight, conv.bias, conv.padding, mode, kernel)
 
     def extra_repr(self) -> str:
         o, _, kh, kw = self.weight.shape
-        return f"{self.weight.shape[1]}, {o}, kernel_size=({kh}, {kw}), padding={self.padding}, mode={self.mode}"
+        return (f"{self.weight.shape[1]}, {o}, kernel_size=({kh}, {kw}), padding={self.padding}, mode={self.mode}, "
+                f"kernel={self.kernel}")
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if not triton_conv_supported(x.device):
@@ -126,18 +157,21 @@ class TritonConv2d(nn.Module):
         (kh, kw), (ph, pw) = self.kernel_size, self.padding
         out_dtype = self.weight.dtype  # the network's dtype, as a conv under autocast gives
         if not self.fp8:
-            return _triton_conv2d(x.to(out_dtype), self.packed, self.bias, residual, None, None, kh, kw, ph, pw, out_dtype)
+            return _triton_conv2d(x.to(out_dtype), self.packed, self.weight, self.bias, residual, None, None, kh, kw, ph, pw,
+                                  out_dtype, self.kernel)
         if self.mode == "fp8-static" and self._amax is None:
             if not self.calibrated:
                 raise RuntimeError("an fp8-static TritonConv2d needs calibrate_fp8_ before it runs")
             xq = (x * self.x_inv_scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
-            return _triton_conv2d(xq, self.packed, self.bias, residual, self.x_scale, self.w_scale, kh, kw, ph, pw, out_dtype)
+            return _triton_conv2d(xq, self.packed, None, self.bias, residual, self.x_scale, self.w_scale, kh, kw, ph, pw,
+                                  out_dtype, self.kernel)
         amax = x.abs().amax().float()
         if self._amax is not None:
             self._amax = torch.maximum(self._amax, amax)
         x_scale = (amax / E4M3_MAX).clamp_min(_EPS).reshape(1)
         xq = (x.float() / x_scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
-        return _triton_conv2d(xq, self.packed, self.bias, residual, x_scale, self.w_scale, kh, kw, ph, pw, out_dtype)
+        return _triton_conv2d(xq, self.packed, None, self.bias, residual, x_scale, self.w_scale, kh, kw, ph, pw, out_dtype,
+                              self.kernel)
 
 
 def calibrate_fp8_(module: nn.Module, run: Callable[[], object]) -> int:
@@ -163,7 +197,7 @@ def calibrate_fp8_(module: nn.Module, run: Callable[[], object]) -> int:
     return len(convs)
 
 
-def convert_convs_to_triton_(module: nn.Module, mode: str = "half", *,
+def convert_convs_to_triton_(module: nn.Module, mode: str = "half", *, kernel: str = "auto",
                              filter: Callable[[str, nn.Module], bool] | None = None,  # noqa: A002
                              force: bool = False) -> int:
     """Swap, in place, every eligible ``nn.Conv2d`` of ``module`` (and the 2x2 convolution inside each
@@ -176,14 +210,14 @@ def convert_convs_to_triton_(module: nn.Module, mode: str = "half", *,
             continue
         if isinstance(child, PhaseUpsampleConv):
             if child.conv is None and child.weight.shape[1] % K_ALIGN == 0 and (force or triton_conv_supported(child.weight.device)):
-                child.conv = TritonConv2d(child.weight, child.bias, (1, 1), mode)
+                child.conv = TritonConv2d(child.weight, child.bias, (1, 1), mode, kernel)
                 count += 1
             continue
         if not eligible_conv(child) or not (force or triton_conv_supported(child.weight.device)):
             continue
         parent_name, _, attr = name.rpartition(".")
         parent = module.get_submodule(parent_name) if parent_name else module
-        setattr(parent, attr, TritonConv2d.from_conv(child, mode))
+        setattr(parent, attr, TritonConv2d.from_conv(child, mode, kernel))
         count += 1
     return count
 

@@ -31,9 +31,10 @@ except ImportError:  # pragma: no cover - exercised on installs without triton
     triton = None
     tl = None
 
-__all__ = ["conv2d_nhwc", "interpreting", "triton_available", "K_ALIGN"]
+__all__ = ["KERNELS", "K_ALIGN", "conv2d_nhwc", "interpreting", "tma_available", "tma_width", "triton_available"]
 
 K_ALIGN = 16  # input channels must be a multiple of this (the smallest BLOCK_K)
+KERNELS = ("pointer", "tma")
 
 
 def triton_available() -> bool:
@@ -85,76 +86,165 @@ def _autotune_options() -> dict:
     return opts
 
 
+def _tma_configs() -> list:
+    """The TMA kernel's tiles: BLOCK_M is fixed at 128 output pixels (a BH x BW patch chosen from
+    the width at launch); BLOCK_N and BLOCK_K as in `_configs`. The pre-hook gives the host-side
+    descriptors the tile's box shapes."""
+    out = []
+    for bn, bk, warps, stages in ((128, 64, 8, 3), (64, 64, 4, 4), (256, 64, 8, 3), (128, 128, 8, 3), (64, 32, 4, 4),
+                                  (64, 16, 4, 3)):
+        out.append(triton.Config({"BLOCK_M": 128, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=warps,
+                                 num_stages=stages, pre_hook=_set_boxes))
+    return out
+
+
+def _set_boxes(nargs: dict) -> None:
+    nargs["x_desc"].block_shape = [1, nargs["BLOCK_M"] // nargs["BW"], nargs["BW"], nargs["BLOCK_K"]]
+    nargs["w_desc"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_K"]]
+
+
+def _pid_tiles(num_m, num_n, GROUP_M):
+    """Grouped tile order: GROUP_M row tiles share each weight column tile while it is in L2."""
+    pid = tl.program_id(0)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    group_size = min(num_m - first_m, GROUP_M)
+    return first_m + (pid % per_group) % group_size, (pid % per_group) // group_size
+
+
+def _epilogue(acc, offs_m, m_ok, offs_n, bias_ptr, res_ptr, y_ptr, xs_ptr, ws_ptr, C_OUT, HAS_BIAS, HAS_RES, SCALED):
+    """FP8 rescale, bias, residual, store: acc [BLOCK_M, BLOCK_N] float32 for output pixels offs_m."""
+    n_ok = offs_n < C_OUT
+    if SCALED:
+        acc = acc * tl.load(xs_ptr) * tl.load(ws_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    out_off = offs_m.to(tl.int64)[:, None] * C_OUT + offs_n[None, :]
+    out_ok = m_ok[:, None] & n_ok[None, :]
+    if HAS_RES:
+        acc += tl.load(res_ptr + out_off, mask=out_ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + out_off, acc.to(y_ptr.dtype.element_ty), mask=out_ok)
+
+
+def _conv_kernel(
+    x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, xs_ptr, ws_ptr,
+    M, H, W, OH, OW,
+    C_IN: tl.constexpr, C_OUT: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+    PH: tl.constexpr, PW: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, SCALED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """Pointer loads: BLOCK_M consecutive output pixels (any shapes), masked where a tap falls in
+    the padding."""
+    pid_m, pid_n = _pid_tiles(tl.cdiv(M, BLOCK_M), tl.cdiv(C_OUT, BLOCK_N), GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < M
+    ow = offs_m % OW
+    oh = (offs_m // OW) % OH
+    img = offs_m // (OW * OH)
+
+    K_TOTAL: tl.constexpr = KH * KW * C_IN
+    STEPS_PER_TAP: tl.constexpr = C_IN // BLOCK_K
+    w_cols = w_ptr + offs_n.to(tl.int64)[None, :] * K_TOTAL  # [1, BLOCK_N]
+    n_ok = offs_n < C_OUT
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for step in range(0, KH * KW * STEPS_PER_TAP):
+        tap = step // STEPS_PER_TAP
+        c0 = (step % STEPS_PER_TAP) * BLOCK_K
+        ih = oh + (tap // KW) - PH
+        iw = ow + (tap % KW) - PW
+        ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+        pix = ((img * H + ih) * W + iw).to(tl.int64) * C_IN
+        a = tl.load(x_ptr + pix[:, None] + (c0 + offs_k)[None, :], mask=ok[:, None], other=0.0)
+        b = tl.load(w_cols + (tap * C_IN + c0 + offs_k)[:, None], mask=n_ok[None, :], other=0.0)
+        acc = tl.dot(a, b, acc)
+    _epilogue(acc, offs_m, m_ok, offs_n, bias_ptr, res_ptr, y_ptr, xs_ptr, ws_ptr, C_OUT, HAS_BIAS, HAS_RES, SCALED)
+
+
+def _conv_kernel_tma(
+    x_desc, w_desc, bias_ptr, res_ptr, y_ptr, xs_ptr, ws_ptr,
+    NB, OH, OW,
+    C_IN: tl.constexpr, C_OUT: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+    PH: tl.constexpr, PW: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, SCALED: tl.constexpr, BW: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """Tensor-memory-accelerator loads: each tile is a BH x BW patch of one image's output pixels,
+    and each tap's input patch one box of the 4-D [B, H, W, C] input whose out-of-bounds part (the
+    zero padding) the hardware fills with zeros — no address arithmetic, no masks in the loop."""
+    BH: tl.constexpr = BLOCK_M // BW
+    tiles_w = tl.cdiv(OW, BW)
+    tiles_h = tl.cdiv(OH, BH)
+    pid_m, pid_n = _pid_tiles(NB * tiles_h * tiles_w, tl.cdiv(C_OUT, BLOCK_N), GROUP_M)
+    ow0 = (pid_m % tiles_w) * BW
+    oh0 = ((pid_m // tiles_w) % tiles_h) * BH
+    img = pid_m // (tiles_w * tiles_h)
+    n0 = pid_n * BLOCK_N
+
+    STEPS_PER_TAP: tl.constexpr = C_IN // BLOCK_K
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for step in range(0, KH * KW * STEPS_PER_TAP):
+        tap = step // STEPS_PER_TAP
+        c0 = (step % STEPS_PER_TAP) * BLOCK_K
+        a = x_desc.load([img, oh0 + tap // KW - PH, ow0 + tap % KW - PW, c0]).reshape(BLOCK_M, BLOCK_K)
+        b = w_desc.load([n0, tap * C_IN + c0])  # [BLOCK_N, BLOCK_K], K-major
+        acc = tl.dot(a, b.T, acc)
+
+    r = tl.arange(0, BLOCK_M)
+    oh = oh0 + r // BW
+    ow = ow0 + r % BW
+    offs_m = (img * OH + oh) * OW + ow
+    _epilogue(acc, offs_m, (oh < OH) & (ow < OW), n0 + tl.arange(0, BLOCK_N), bias_ptr, res_ptr, y_ptr, xs_ptr, ws_ptr,
+              C_OUT, HAS_BIAS, HAS_RES, SCALED)
+
+
 @functools.lru_cache(maxsize=None)
-def _kernels():
-    """(the kernel, its autotuned form), built on first use: ``triton.jit`` reads
+def _kernels() -> dict:
+    """{"pointer" | "tma": (kernel, its autotuned form)}, jitted on first use: ``triton.jit`` reads
     ``TRITON_INTERPRET`` when it decorates, so the interpreter can be chosen before the first call
-    rather than before this module's import."""
-    @triton.jit
-    def _conv_kernel(
-        x_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, xs_ptr, ws_ptr,
-        M, H, W, OH, OW,
-        C_IN: tl.constexpr, C_OUT: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
-        PH: tl.constexpr, PW: tl.constexpr,
-        HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, SCALED: tl.constexpr,
-        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    rather than before this module's import. The helpers are jitted into the module's globals,
+    where the kernels look their names up."""
+    g = globals()
+    for name in ("_pid_tiles", "_epilogue"):
+        g[name] = triton.jit(_PLAIN[name])
+    out = {}
+    for name, fn, configs, key in (
+        ("pointer", _PLAIN["_conv_kernel"], _configs(), ["M", "H", "W"]),
+        ("tma", _PLAIN["_conv_kernel_tma"], _tma_configs(), ["NB", "OH", "OW", "BW"]),
     ):
-        # Grouped tile order: GROUP_M row tiles share each weight column tile while it is in L2.
-        pid = tl.program_id(0)
-        num_m = tl.cdiv(M, BLOCK_M)
-        num_n = tl.cdiv(C_OUT, BLOCK_N)
-        per_group = GROUP_M * num_n
-        first_m = (pid // per_group) * GROUP_M
-        group_size = min(num_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % per_group) % group_size
-        pid_n = (pid % per_group) // group_size
-
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_k = tl.arange(0, BLOCK_K)
-        m_ok = offs_m < M
-        n_ok = offs_n < C_OUT
-        ow = offs_m % OW
-        oh = (offs_m // OW) % OH
-        img = offs_m // (OW * OH)
-
-        K_TOTAL: tl.constexpr = KH * KW * C_IN
-        STEPS_PER_TAP: tl.constexpr = C_IN // BLOCK_K
-        w_cols = w_ptr + offs_n.to(tl.int64)[None, :] * K_TOTAL  # [1, BLOCK_N]
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for step in range(0, KH * KW * STEPS_PER_TAP):
-            tap = step // STEPS_PER_TAP
-            c0 = (step % STEPS_PER_TAP) * BLOCK_K
-            ih = oh + (tap // KW) - PH
-            iw = ow + (tap % KW) - PW
-            ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            pix = ((img * H + ih) * W + iw).to(tl.int64) * C_IN
-            a = tl.load(x_ptr + pix[:, None] + (c0 + offs_k)[None, :], mask=ok[:, None], other=0.0)
-            b = tl.load(w_cols + (tap * C_IN + c0 + offs_k)[:, None], mask=n_ok[None, :], other=0.0)
-            acc = tl.dot(a, b, acc)
-
-        if SCALED:
-            acc = acc * tl.load(xs_ptr) * tl.load(ws_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        out_off = offs_m.to(tl.int64)[:, None] * C_OUT + offs_n[None, :]
-        out_ok = m_ok[:, None] & n_ok[None, :]
-        if HAS_RES:
-            acc += tl.load(res_ptr + out_off, mask=out_ok, other=0.0).to(tl.float32)
-        tl.store(y_ptr + out_off, acc.to(y_ptr.dtype.element_ty), mask=out_ok)
-
-    tuned = triton.autotune(
-        configs=_configs(), key=["M", "H", "W", "C_IN", "C_OUT", "KH", "KW", "PH", "PW"],
-        prune_configs_by={"early_config_prune": _prune}, **_autotune_options(),
-    )(_conv_kernel)
-    return _conv_kernel, tuned
+        kernel = triton.jit(fn)
+        tuned = triton.autotune(configs=configs, key=[*key, "C_IN", "C_OUT", "KH", "KW", "PH", "PW"],
+                                prune_configs_by={"early_config_prune": _prune}, **_autotune_options())(kernel)
+        out[name] = (kernel, tuned)
+    return out
 
 
+_PLAIN = {f.__name__: f for f in (_pid_tiles, _epilogue, _conv_kernel, _conv_kernel_tma)}
 
 
 @functools.lru_cache(maxsize=None)
 def _dummy(device: torch.device) -> torch.Tensor:
     return torch.zeros(1, dtype=torch.float32, device=device)
+
+
+def tma_width(ow: int, block_m: int = 128) -> int | None:
+    """The TMA kernel's patch width for an output ``ow`` pixels wide: the widest of 128 ... 8 that
+    divides it and ``block_m`` (no tile wasted on the right edge), or None (the pointer kernel)."""
+    return next((bw for bw in (128, 64, 32, 16, 8) if bw <= block_m and ow % bw == 0 and block_m % bw == 0), None)
+
+
+def tma_available(device: torch.device) -> bool:
+    """Host-side tensor descriptors (Triton >= 3.4) and a GPU with a TMA unit (Hopper+), or the
+    interpreter."""
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+    except ImportError:
+        return False
+    if interpreting():
+        return True
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
 def conv2d_nhwc(
@@ -168,6 +258,7 @@ def conv2d_nhwc(
     w_scale: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     block: tuple[int, int, int] | None = None,
+    kernel: str = "pointer",
 ) -> torch.Tensor:
     """A stride-1, undilated, ungrouped, zero-padded 2-D convolution of a channels-last ``x``.
 
@@ -176,11 +267,14 @@ def conv2d_nhwc(
     [C_out, KH*KW*C_in] (row o = W[o] laid out tap-major, channel-minor), same kind as ``x``; FP8
     weights need ``w_scale`` [C_out] float32. ``residual``: [B, C_out, OH, OW] channels-last, added
     after the bias. Returns [B, C_out, OH, OW] channels-last in ``out_dtype`` (default: ``x``'s
-    dtype; FP8 input needs one). ``block`` fixes (BLOCK_M, BLOCK_N, BLOCK_K) instead of autotuning
-    (the interpreter, tests).
+    dtype; FP8 input needs one). ``kernel``: ``"pointer"`` (any shape) or ``"tma"`` (Hopper's
+    tensor-memory accelerator; needs `tma_width` of the output width). ``block`` fixes (BLOCK_M,
+    BLOCK_N, BLOCK_K) instead of autotuning (the interpreter, tests).
     """
     if triton is None:
         raise RuntimeError("the Triton convolution needs the 'triton' package")
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
     kh, kw = kernel_size
     ph, pw = padding
     b, c_in, h, w = x.shape
@@ -208,22 +302,42 @@ def conv2d_nhwc(
         if residual.shape != y.shape:
             raise ValueError(f"residual shape {tuple(residual.shape)} differs from the output's {tuple(y.shape)}")
         residual = residual.contiguous(memory_format=torch.channels_last)
-    m = b * oh * ow
     dummy = _dummy(x.device)
-    args = (x, weight, bias if bias is not None else dummy, residual if residual is not None else dummy, y,
-            x_scale if scaled else dummy, w_scale if scaled else dummy, m, h, w, oh, ow)
+    tail = (bias if bias is not None else dummy, residual if residual is not None else dummy, y,
+            x_scale if scaled else dummy, w_scale if scaled else dummy)
     flags = dict(C_IN=c_in, C_OUT=c_out, KH=kh, KW=kw, PH=ph, PW=pw, HAS_BIAS=bias is not None,
                  HAS_RES=residual is not None, SCALED=scaled)
     if block is None and (interpreting() or x.device.type != "cuda"):
         block = (32, 32, 32 if c_in % 32 == 0 else K_ALIGN)
-    if block is not None:
-        bm, bn, bk = block
-        if c_in % bk:
-            raise ValueError(f"BLOCK_K {bk} must divide C_in {c_in}")
-        grid = (triton.cdiv(m, bm) * triton.cdiv(c_out, bn),)
-        _kernels()[0][grid](*args, **flags, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8)
-    else:
+    if block is not None and c_in % block[2]:
+        raise ValueError(f"BLOCK_K {block[2]} must divide C_in {c_in}")
+    plain, tuned = _kernels()[kernel]
+    if kernel == "pointer":
+        m = b * oh * ow
+        args = (x, weight, *tail, m, h, w, oh, ow)
+        fixed = None if block is None else dict(BLOCK_M=block[0], BLOCK_N=block[1], BLOCK_K=block[2], GROUP_M=8)
+
         def grid(meta):
             return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(c_out, meta["BLOCK_N"]),)
-        _kernels()[1][grid](*args, **flags)
+    else:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        bm = 128 if block is None else block[0]
+        bw = tma_width(ow, bm)
+        if bw is None or not tma_available(x.device):
+            raise ValueError(f"the TMA kernel needs Hopper+ and an output width that 8 divides, got {ow}")
+        bk, bn = (block[2], block[1]) if block is not None else (K_ALIGN, K_ALIGN)  # boxes reset per tile config
+        x_desc = TensorDescriptor(x, [b, h, w, c_in], [h * w * c_in, w * c_in, c_in, 1], [1, bm // bw, bw, bk])
+        w_desc = TensorDescriptor(weight, [c_out, kh * kw * c_in], [kh * kw * c_in, 1], [bn, bk])
+        args = (x_desc, w_desc, *tail, b, oh, ow)
+        flags["BW"] = bw
+        fixed = None if block is None else dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8)
+
+        def grid(meta):
+            bh = meta["BLOCK_M"] // bw
+            return (b * triton.cdiv(oh, bh) * triton.cdiv(ow, bw) * triton.cdiv(c_out, meta["BLOCK_N"]),)
+    if fixed is not None:
+        plain[grid(fixed)](*args, **flags, **fixed)
+    else:
+        tuned[grid](*args, **flags)
     return y
