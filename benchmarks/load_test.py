@@ -66,6 +66,8 @@ def start_server(args) -> tuple[str, object, object, object]:
         defaults["front_end_tf32"] = args.front_end_tf32
     if args.max_render_fps is not None:
         defaults["max_render_fps"] = args.max_render_fps
+    if args.triton_convs != "off":
+        defaults["triton_convs"] = args.triton_convs
     cfg = ServerConfig(engine=args.engine, device=args.device, avatars=d / "avatars", clips=d / "clips",
                        max_sessions=max(args.sessions) + 2, weights=args.weights, fps=args.fps, accel=args.accel,
                        batch_sessions=not args.no_batch, **defaults)
@@ -467,6 +469,8 @@ def main() -> None:
                     help="ServerConfig.front_end_streams (the audio encoders' and LMDM's batchers on CUDA streams of "
                          "their own; default: the server's, on): alone, on; a value, its setting; or comma-separated "
                          "off/on values: each level runs under each (server started here)")
+    ap.add_argument("--triton-convs", default="off", choices=["off", "half", "fp8"],
+                    help="ServerConfig.triton_convs: the render convolutions on the Triton kernel (accel/igemm_conv.py)")
     ap.add_argument("--front-end-tf32", action=argparse.BooleanOptionalAction, default=None,
                     help="ServerConfig.front_end_tf32 (Ditto's HuBERT and LMDM graphs with TF32 matmuls; default: the "
                          "server's, on; server started here)")

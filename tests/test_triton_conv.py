@@ -268,3 +268,16 @@ def test_every_allowed_channel_count_has_a_tile_to_tune():
             tiles = [c.kwargs for c in _prune(_configs(), {}, C_IN=c_in, C_OUT=c_out)]
             assert tiles and all(c_in % t["BLOCK_K"] == 0 for t in tiles)
             assert all(t["BLOCK_N"] <= max(64, 2 * c_out) for t in tiles) or len(tiles) == 1
+
+
+def test_the_setting_reaches_neural_engines_and_bad_values_fail_early():
+    from newsstudio.engines.registry import engine_options
+    from newsstudio.server.engines import EnginePool
+
+    assert engine_options("musetalk", "random", None, triton_convs="half")["triton_convs"] == "half"
+    assert "triton_convs" not in engine_options("ditto", "random", None)
+    assert engine_options("classic", "random", None, triton_convs="fp8") == {}
+    with pytest.raises(ValueError, match="triton-convs must be one of"):
+        engine_options("ditto", "random", None, triton_convs="fp8-static")  # needs calibration inputs: benchmarks only
+    with pytest.raises(ValueError, match="triton-convs must be one of"):
+        EnginePool("classic", torch.device("cpu"), "random", None, triton_convs="fast")

@@ -124,18 +124,21 @@ def avatar_list(avatars: Optional[Path] = AvatarsOpt) -> None:
         typer.echo(f"no avatars under {root}")
 
 
+TritonConvsOpt = typer.Option("off", help="MuseTalk/Ditto render convolutions on the Triton implicit-GEMM kernel: off "
+                              "(cuDNN), half (per layer the fastest of Triton and cuDNN) or fp8 (Hopper+, FP8 operands); CUDA only.")
 AccelOpt = typer.Option("auto", help="How neural networks run on CUDA: auto (render: cudagraph; serve: compile+cudagraph), "
                         "eager, cudagraph, compile, compile+cudagraph (about 2x faster; compiles ~1.5 min once, cached on disk).")
 
 
-def _engine(engine: str, device: Optional[str], weights: str, models: Optional[Path], accel: str = "auto"):
+def _engine(engine: str, device: Optional[str], weights: str, models: Optional[Path], accel: str = "auto",
+            triton_convs: str = "off"):
     from .engines.registry import create_engine, default_engine, engine_options
     from .stream import default_device
 
     name = default_engine(models) if engine == "auto" else engine
     dev = device or default_device()
     try:
-        kw = engine_options(name, weights, models, accel, dev)
+        kw = engine_options(name, weights, models, accel, dev, triton_convs=triton_convs)
     except ValueError as e:
         _fail(str(e))
     eng = create_engine(name, device=dev, **kw)
@@ -163,6 +166,7 @@ def render(
     encode_workers: int = typer.Option(0, help="Parallel x264 segment encoders (0 = auto: half the CPU cores, at most 8; "
                                               "1 = one encoder, smallest file)."),
     accel: str = AccelOpt,
+    triton_convs: str = TritonConvsOpt,
 ) -> None:
     """Render a lip-synced MP4 (H.264 + AAC) of the avatar speaking the audio."""
     from tqdm import tqdm
@@ -184,7 +188,7 @@ def render(
         sound = load_audio(audio_path)
         packet = resolve_avatar(avatar, avatars, size=_size(size))
         t_avatar = time.perf_counter()
-        eng = _engine(engine, device, weights, models, accel)
+        eng = _engine(engine, device, weights, models, accel, triton_convs)
         t_engine = time.perf_counter()
         w, h = packet.size
         total = int(-(-sound.samples.shape[1] * fps // sound.sample_rate))
@@ -226,6 +230,7 @@ def stream(
     live: bool = typer.Option(False, help="Feed the audio in real time (20 ms chunks) like a live source."),
     output: str = typer.Option("nv12", help="nv12 or rgb"),
     accel: str = AccelOpt,
+    triton_convs: str = TritonConvsOpt,
 ) -> None:
     """Run the streaming generator and print per-chunk timing (time to first frame, fps)."""
     import numpy as np
@@ -237,7 +242,7 @@ def stream(
 
     sound = load_audio(builtin_audio(audio) if is_builtin(audio) else audio)
     packet = resolve_avatar(avatar, avatars)
-    eng = _engine(engine, device, weights, models, accel)
+    eng = _engine(engine, device, weights, models, accel, triton_convs)
     src: object = sound
     if live:
         step = sound.sample_rate // 50
@@ -298,6 +303,7 @@ def serve(
     clips: Optional[Path] = typer.Option(None, help="Folder for rendered clips (default clips/ beside the avatars, or $NEWSSTUDIO_CLIPS)."),
     max_upload_mb: int = typer.Option(200, help="Largest accepted upload (audio or avatar source), MB."),
     accel: str = AccelOpt,
+    triton_convs: str = TritonConvsOpt,
     render_ahead: int = typer.Option(4, min=1, help="Frames a live session renders per request: more means larger shared "
                                      "GPU batches (more streams per GPU); pair it with --prebuffer-ms >= frames / fps."),
     prebuffer_ms: float = typer.Option(120.0, min=0.0, help="Streamed speech goes on air once this much is ready (live latency)."),
@@ -324,7 +330,7 @@ def serve(
 ) -> None:
     """Start the HTTP/WebSocket/WebRTC server with the web page at /."""
     from .engines.batching import check_compose
-    from .engines.registry import ENGINES
+    from .engines.registry import ENGINES, check_triton_convs
     from .render_budget import RenderBudget
     from .server.state import ServerConfig
 
@@ -336,6 +342,7 @@ def serve(
                     fg=typer.colors.YELLOW, err=True)
     try:
         check_compose(compose)  # before any engine loads
+        check_triton_convs(triton_convs)
         if max_render_fps is not None:
             RenderBudget.parse(max_render_fps, ENGINES)
     except ValueError as e:
@@ -348,7 +355,7 @@ def serve(
     cfg = ServerConfig(engine=engine, device=device, weights=weights, models=models, avatars=avatars, max_sessions=max_sessions,
                        fps=fps, clips=clips, max_upload_bytes=max_upload_mb << 20, accel=accel,
                        render_ahead=render_ahead, prebuffer_s=prebuffer_ms / 1000, front_end_streams=front_end_streams,
-                       front_end_tf32=front_end_tf32,
+                       front_end_tf32=front_end_tf32, triton_convs=triton_convs,
                        render_in_flight=render_in_flight, render_lead_s=render_lead_ms / 1000, compose=compose,
                        spread_render_phases=spread_render_phases, max_render_fps=max_render_fps)
     uvicorn.Server(uvicorn_config(create_app(cfg), host=host, port=port, log_level="info")).run()

@@ -53,7 +53,7 @@ def check_accel(accel: str) -> str:
 
 def engine_options(name: str, weights: str, models: str | os.PathLike[str] | None, accel: str = "auto",
                    device: str | torch.device | None = None, long_running: bool = False,
-                   front_end_tf32: bool | None = None) -> dict[str, Any]:
+                   front_end_tf32: bool | None = None, triton_convs: str = "off") -> dict[str, Any]:
     """Keyword arguments for `create_engine(name, ...)` from the CLI/server settings.
 
     accel ``"auto"``: the engine's own default (CUDA graphs on CUDA, eager on CPU), except for a
@@ -61,8 +61,10 @@ def engine_options(name: str, weights: str, models: str | os.PathLike[str] | Non
     (``compile+cudagraph``: ~2x the frame rate, ~1.5 min of compilation once at start-up, cached
     on disk for the next start). ``front_end_tf32``: Ditto's float32 front end (HuBERT, LMDM)
     graphed with TF32 matmuls or not (`DittoEngine`; None: its default, on); MuseTalk's front end
-    runs in half precision already."""
+    runs in half precision already. ``triton_convs``: the neural engines' render convolutions on the
+    Triton kernel (accel/igemm_conv.py): "off", "half" or "fp8"."""
     check_accel(accel)
+    check_triton_convs(triton_convs)
     if name == "classic":
         return {}
     kw: dict[str, Any] = {"weights": weights, "models": models}
@@ -72,7 +74,19 @@ def engine_options(name: str, weights: str, models: str | os.PathLike[str] | Non
         kw["accel"] = accel
     if front_end_tf32 is not None and name == "ditto":
         kw["front_end_tf32"] = bool(front_end_tf32)
+    if triton_convs != "off":
+        kw["triton_convs"] = triton_convs
     return kw
+
+
+ENGINE_TRITON_CONVS = ("off", "half", "fp8")
+
+
+def check_triton_convs(mode: str) -> str:
+    """A ``--triton-convs`` value an engine takes (fp8-static needs calibration inputs: benchmarks only)."""
+    if mode not in ENGINE_TRITON_CONVS:
+        raise ValueError(f"triton-convs must be one of {', '.join(ENGINE_TRITON_CONVS)}, got {mode!r}")
+    return mode
 
 
 def default_engine(models: str | os.PathLike[str] | None = None) -> str:

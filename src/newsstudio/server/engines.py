@@ -9,7 +9,7 @@ import torch
 
 from ..engines.base import Engine
 from ..engines.batching import Batcher, RenderBatcher, check_compose
-from ..engines.registry import ENGINES, check_accel, create_engine, default_engine, engine_options
+from ..engines.registry import ENGINES, check_accel, check_triton_convs, create_engine, default_engine, engine_options
 
 log = logging.getLogger(__name__)
 
@@ -21,10 +21,12 @@ class EngineUnavailable(RuntimeError):
 class EnginePool:
     def __init__(self, default: str, device: torch.device, weights: str, models: Any, accel: str = "auto",
                  batch_sessions: bool = True, front_end_streams: bool = True, render_in_flight: int = 0,
-                 stall_s: float | None = None, front_end_tf32: bool = True, compose: str = "stream"):
+                 stall_s: float | None = None, front_end_tf32: bool = True, compose: str = "stream",
+                 triton_convs: str = "off"):
         self.device = device
         self.compose = check_compose(compose)  # ServerConfig.compose (checked before any session): the render batchers' mode
         self.front_end_tf32 = front_end_tf32
+        self.triton_convs = check_triton_convs(triton_convs)  # before any session
         self.stall_s = stall_s  # every shared batcher's `Batcher.stall_s`
         self.batch_sessions = batch_sessions
         self.front_end_streams = front_end_streams
@@ -61,7 +63,7 @@ class EnginePool:
             if name in self._errors:
                 raise EngineUnavailable(self._errors[name])
             kw = engine_options(name, self.weights, self.models, self.accel, self.device, long_running=True,
-                                front_end_tf32=self.front_end_tf32)
+                                front_end_tf32=self.front_end_tf32, triton_convs=self.triton_convs)
             try:
                 eng = create_engine(name, device=self.device, **kw)
                 spent = eng.warm_up()  # compile/capture now, not in the first session

@@ -84,6 +84,10 @@ class ServerConfig:
     """Ditto's HuBERT and LMDM graphs captured with TF32 matmuls (`DittoEngine(front_end_tf32=)`):
     on an H200 dense 280 -> 304 fps and time to first frame 55 -> 38 ms, 8 live sessions on time
     either way (eleventh session), at ~9e-4 relative error of those networks' outputs vs float32."""
+    triton_convs: str = "off"
+    """The neural engines' render convolutions on the Triton implicit-GEMM kernel (accel/igemm_conv.py):
+    "half" (per layer shape the fastest of the Triton kernels and cuDNN, timed at warm-up), "fp8"
+    (Hopper+; FP8 operands) or "off" (cuDNN; the default until the kernel is measured on the GPU)."""
     batch_stall_s: float | None = None
     """A shared batch running longer than this is a stall: the sessions waiting on it end with an
     error instead of falling silent, and /health answers 503 naming the batcher (so a supervisor
@@ -203,7 +207,7 @@ class ServerState:
         stall_s = cfg.batch_stall_s if cfg.batch_stall_s is not None else (60.0 if self.device.type == "cuda" else None)
         self.engines = EnginePool(cfg.engine, self.device, cfg.weights, cfg.models, cfg.accel, cfg.batch_sessions,
                                   cfg.front_end_streams, cfg.render_in_flight, stall_s, cfg.front_end_tf32,
-                                  cfg.compose)
+                                  cfg.compose, cfg.triton_convs)
         budget = RenderBudget.parse(cfg.max_render_fps, ENGINES) if cfg.max_render_fps is not None else None
         self.sessions = SessionManager(cfg.max_sessions, budget)
         self._sessions_phased = 0  # render phases handed out (spread_render_phases)
