@@ -8,6 +8,7 @@ bias/residual, FP8 scaling and the layer swap; speed is the GPU benchmark's job
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 import torch
@@ -206,6 +207,28 @@ def test_compiled_graph_sees_the_op_shape():
     x = _cl(torch.randn(2, 16, 5, 7))
     fn = torch.compile(lambda t: F.silu(m(t)) * 2, backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(fn(x), F.silu(conv(x)) * 2, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and not torch.cuda.is_available(), reason="Inductor on a CPU needs a C++ compiler")
+@pytest.mark.parametrize("mode", ["half", "fp8-static"])
+def test_inductor_compiles_a_network_around_the_op(mode):
+    """GroupNorm + SiLU (Inductor's own kernels) then the op: the layout the op promised, the same
+    result as eager; the static FP8 quantisation traced into the graph."""
+    from newsstudio.accel.igemm_conv import calibrate_fp8_
+
+    torch.manual_seed(7)
+    dtype = torch.float16 if DEVICE == "cuda" else torch.float32
+    conv = nn.Conv2d(16, 32, 3, padding=1).to(DEVICE, dtype)
+    gn = nn.GroupNorm(4, 16).to(DEVICE, dtype)
+    m = TritonConv2d.from_conv(conv, mode)
+    x = _cl(torch.randn(2, 16, 8, 8)).to(dtype)
+    with torch.inference_mode():
+        if mode == "fp8-static":
+            calibrate_fp8_(m, lambda: m(F.silu(gn(x))))
+        eager = F.silu(m(F.silu(gn(x)))) + 1
+        got = torch.compile(lambda t: F.silu(m(F.silu(gn(t)))) + 1, backend="inductor")(x)
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(got, eager, rtol=1e-3, atol=1e-3)
 
 
 def test_vae_decoder_swap_matches_and_leaves_the_original_alone():

@@ -45,7 +45,12 @@ log = logging.getLogger(__name__)
 MIN_OUT_CHANNELS = 16  # narrower outputs (RGB heads) fill no tensor-core tile: cuDNN keeps them
 
 
-@torch.library.custom_op("newsstudio::triton_conv2d", mutates_args=())
+# Inductor hands a custom op its inputs with the strides they had when traced (channels-last here),
+# rather than a layout of its choosing that the kernel would first have to copy.
+_STRIDES = getattr(torch._C.Tag, "needs_exact_strides", None) or getattr(torch._C.Tag, "needs_fixed_stride_order")
+
+
+@torch.library.custom_op("newsstudio::triton_conv2d", mutates_args=(), tags=(_STRIDES,))
 def _triton_conv2d(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                    residual: torch.Tensor | None, x_scale: torch.Tensor | None, w_scale: torch.Tensor | None,
                    kh: int, kw: int, ph: int, pw: int, out_dtype: torch.dtype, kernel: str) -> torch.Tensor:
