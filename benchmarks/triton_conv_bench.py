@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .bucket_timing import time_call
 from .common import machine
 
 
@@ -51,20 +51,6 @@ def conv_shapes(mods: dict[torch.nn.Module, str], run: Callable[[], Any]) -> lis
     for h in hooks:
         h.remove()
     return list(seen.values())
-
-
-def _time(fn: Callable[[], Any], iters: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -120,7 +106,7 @@ def measure(entry: dict[str, Any], iters: int, device: torch.device) -> dict[str
                 torch.cuda.synchronize()
                 row["first_call_s"][name] = time.perf_counter() - t0
                 row["err"][name] = _rel(out, ref)
-                row["ms"][name] = _time(fn, iters)
+                row["ms"][name] = time_call(fn, device, iters)[0]
             except Exception as exc:  # noqa: BLE001  (one variant failing must not lose the others)
                 row["failed"][name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
     row["tflops"] = {n: flops / (ms * 1e-3) / 1e12 for n, ms in row["ms"].items()}
