@@ -284,13 +284,21 @@ def test_engines_without_the_kernel_keep_cudnn(monkeypatch):
 def test_every_allowed_channel_count_has_a_tile_to_tune():
     """The GPU autotuner's candidate tiles: for any C_in the kernel accepts, at least one whose K step
     divides it (a K step never straddles two taps), the wide ones only where they fit."""
-    from newsstudio.accel.triton_conv import _configs, _prune
+    from triton.tools.tensor_descriptor import TensorDescriptor
 
+    from newsstudio.accel.triton_conv import _configs, _prune, _prune_tma, _tma_configs
+
+    descs = {dt: TensorDescriptor(torch.zeros(1, 2, 2, 16, dtype=dt), [1, 2, 2, 16], [64, 32, 16, 1], [1, 1, 2, 16])
+             for dt in (torch.float16, E4M3)}
     for c_in in range(16, 1025, 16):
         for c_out in (16, 64, 128, 2048):
             tiles = [c.kwargs for c in _prune(_configs(), {}, C_IN=c_in, C_OUT=c_out)]
             assert tiles and all(c_in % t["BLOCK_K"] == 0 for t in tiles)
             assert all(t["BLOCK_N"] <= max(64, 2 * c_out) for t in tiles) or len(tiles) == 1
+            for dt, desc in descs.items():  # TMA: also rows of at most 128 bytes
+                tiles = [c.kwargs for c in _prune_tma(_tma_configs(), {"x_desc": desc}, C_IN=c_in, C_OUT=c_out)]
+                assert tiles and all(c_in % t["BLOCK_K"] == 0 and t["BLOCK_K"] * desc.base.element_size() <= 128
+                                     for t in tiles)
 
 
 def test_the_setting_reaches_neural_engines_and_bad_values_fail_early():

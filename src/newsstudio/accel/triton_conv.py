@@ -98,6 +98,15 @@ def _tma_configs() -> list:
     return out
 
 
+def _prune_tma(configs, named_args, **kwargs):
+    """`_prune`, and rows of at most 128 bytes per box (the widest swizzled shared-memory row TMA
+    writes: BLOCK_K 64 in fp16, 128 in FP8)."""
+    desc = kwargs.get("x_desc", named_args.get("x_desc"))
+    width = desc.base.element_size() if desc is not None else 2
+    keep = _prune([c for c in configs if c.kwargs["BLOCK_K"] * width <= 128], named_args, **kwargs)
+    return keep or _prune(configs, named_args, **kwargs)
+
+
 def _set_boxes(nargs: dict) -> None:
     nargs["x_desc"].block_shape = [1, nargs["BLOCK_M"] // nargs["BW"], nargs["BW"], nargs["BLOCK_K"]]
     nargs["w_desc"].block_shape = [nargs["BLOCK_N"], nargs["BLOCK_K"]]
@@ -210,13 +219,13 @@ def _kernels() -> dict:
     for name in ("_pid_tiles", "_epilogue"):
         g[name] = triton.jit(_PLAIN[name])
     out = {}
-    for name, fn, configs, key in (
-        ("pointer", _PLAIN["_conv_kernel"], _configs(), ["M", "H", "W"]),
-        ("tma", _PLAIN["_conv_kernel_tma"], _tma_configs(), ["NB", "OH", "OW", "BW"]),
+    for name, fn, configs, key, prune in (
+        ("pointer", _PLAIN["_conv_kernel"], _configs(), ["M", "H", "W"], _prune),
+        ("tma", _PLAIN["_conv_kernel_tma"], _tma_configs(), ["NB", "OH", "OW", "BW"], _prune_tma),
     ):
         kernel = triton.jit(fn)
         tuned = triton.autotune(configs=configs, key=[*key, "C_IN", "C_OUT", "KH", "KW", "PH", "PW"],
-                                prune_configs_by={"early_config_prune": _prune}, **_autotune_options())(kernel)
+                                prune_configs_by={"early_config_prune": prune}, **_autotune_options())(kernel)
         out[name] = (kernel, tuned)
     return out
 
