@@ -90,3 +90,31 @@ def test_serve_warns_when_the_speech_prebuffer_cannot_fill_a_render_request():
     assert "wants --prebuffer-ms" not in r.output and r.exit_code == 2, r.output  # (the bad --compose stops it before it starts)
     r = CliRunner().invoke(app, ["serve", "--compose", "gpu", "--port", "1"])  # the low-latency defaults: no warning
     assert "wants --prebuffer-ms" not in r.output, r.output
+
+
+def test_sigterm_mid_render_leaves_no_partial_file(tmp_path, astronaut_packet):
+    """`kill` / `timeout` / a supervisor's SIGTERM unwinds like Ctrl-C: exit status 143, and the
+    partial MP4 beside the output is removed (neither a half file nor a stray temp is left)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import numpy as np
+    from scipy.io import wavfile
+
+    speech = tmp_path / "long.wav"
+    t = np.arange(16000 * 120) / 16000
+    wavfile.write(speech, 16000, (0.3 * np.sin(2 * np.pi * 220 * t) * 32767).astype(np.int16))
+    out = tmp_path / "long.mp4"
+    proc = subprocess.Popen([sys.executable, "-c", "from newsstudio.cli import app; app()", "render", "--avatar",
+                             str(astronaut_packet.path), "--audio", str(speech), "-o", str(out), "--device", "cpu"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".long.*.partial.mp4")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the render ended before it could be interrupted: " + proc.stdout.read().decode()[-500:]
+    time.sleep(0.5)  # some chunks encoded
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["long.wav"]

@@ -29,6 +29,19 @@ def _size(value: Optional[str]) -> Optional[tuple[int, int]]:
     return w, h
 
 
+def _unwind_on_sigterm() -> None:
+    """SIGTERM (``kill``, ``timeout``, a supervisor) unwinds the command like Ctrl-C would, exit
+    status 143: writers then remove their partial files instead of leaving them behind."""
+    import signal
+    import threading
+
+    def unwind(signum, frame):  # noqa: ARG001
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, unwind)
+
+
 def _fail(msg: str) -> None:
     typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
@@ -47,6 +60,7 @@ def prebake(
     avatars: Optional[Path] = AvatarsOpt,
 ) -> None:
     """Build an avatar packet (atomic; progress on stderr)."""
+    _unwind_on_sigterm()
     from .avatar.prebake import prebake as run
     from .builtin import builtin_image, is_builtin
     from .avatar.store import avatars_root
@@ -169,6 +183,7 @@ def render(
     triton_convs: str = TritonConvsOpt,
 ) -> None:
     """Render a lip-synced MP4 (H.264 + AAC) of the avatar speaking the audio."""
+    _unwind_on_sigterm()
     from tqdm import tqdm
 
     from .avatar.packet import PacketError
@@ -233,6 +248,7 @@ def stream(
     triton_convs: str = TritonConvsOpt,
 ) -> None:
     """Run the streaming generator and print per-chunk timing (time to first frame, fps)."""
+    _unwind_on_sigterm()
     import numpy as np
 
     from .avatar.store import resolve_avatar
