@@ -13,6 +13,10 @@ SHARED = ROOT.parent / "shared"
 MEDIA_DIR = Path(os.environ.get("NEWSSTUDIO_MEDIA_DIR", SHARED / "media"))
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+if not torch.cuda.is_available():
+    # Triton kernels (accel/triton_conv.py) run in Triton's CPU interpreter here; Triton reads the
+    # switch when it is imported, so it is set before any test module can import it.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def media_path(name: str) -> Path:

@@ -1,13 +1,12 @@
 """The Triton implicit-GEMM convolution (accel/triton_conv.py, accel/igemm_conv.py).
 
-Without a GPU the very same kernel runs in Triton's CPU interpreter (``TRITON_INTERPRET=1``, set
-here before the kernel is first built): these tests check its indexing, padding, masks, fused
+Without a GPU the very same kernel runs in Triton's CPU interpreter (``TRITON_INTERPRET=1``, which
+conftest.py sets before anything imports Triton): these tests check its indexing, padding, masks, fused
 bias/residual, FP8 scaling and the layer swap; speed is the GPU benchmark's job
 (benchmarks/triton_conv_bench.py).
 """
 from __future__ import annotations
 
-import os
 import shutil
 
 import pytest
@@ -15,8 +14,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-if not torch.cuda.is_available():  # before triton's import: it reads the switch then
-    os.environ["TRITON_INTERPRET"] = "1"
 pytest.importorskip("triton")
 
 from newsstudio.accel.fp8 import E4M3, E4M3_MAX  # noqa: E402

@@ -24,12 +24,11 @@ import os
 
 import torch
 
-try:  # Triton ships with CUDA builds of torch; CPU installs may lack it
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - exercised on installs without triton
-    triton = None
-    tl = None
+# Imported on first use (`triton_available`): CUDA builds of torch ship Triton, CPU installs may
+# lack it, and Triton reads TRITON_INTERPRET when it is imported, so a test can choose the CPU
+# interpreter as long as nothing imported Triton before it.
+triton = None
+tl = None
 
 __all__ = ["KERNELS", "K_ALIGN", "conv2d_nhwc", "interpreting", "tma_available", "tma_width", "triton_available"]
 
@@ -38,7 +37,16 @@ KERNELS = ("pointer", "tma")
 
 
 def triton_available() -> bool:
-    return triton is not None
+    """Triton can be imported (and now is: the kernels below look ``triton``/``tl`` up here)."""
+    global triton, tl
+    if triton is None:
+        try:
+            import triton as _triton
+            import triton.language as _tl
+        except ImportError:
+            return False
+        triton, tl = _triton, _tl
+    return True
 
 
 def interpreting() -> bool:
@@ -215,6 +223,8 @@ def _kernels() -> dict:
     ``TRITON_INTERPRET`` when it decorates, so the interpreter can be chosen before the first call
     rather than before this module's import. The helpers are jitted into the module's globals,
     where the kernels look their names up."""
+    if not triton_available():
+        raise RuntimeError("the Triton convolution needs the 'triton' package")
     g = globals()
     for name in ("_pid_tiles", "_epilogue"):
         g[name] = triton.jit(_PLAIN[name])
@@ -248,6 +258,8 @@ def tma_available(device: torch.device) -> bool:
     """Host-side tensor descriptors (Triton >= 3.4) and a GPU with a TMA unit (Hopper+), or the
     interpreter."""
     try:
+        if not triton_available():
+            return False
         from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
     except ImportError:
         return False
@@ -280,7 +292,7 @@ def conv2d_nhwc(
     tensor-memory accelerator; needs `tma_width` of the output width). ``block`` fixes (BLOCK_M,
     BLOCK_N, BLOCK_K) instead of autotuning (the interpreter, tests).
     """
-    if triton is None:
+    if not triton_available():
         raise RuntimeError("the Triton convolution needs the 'triton' package")
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS}, got {kernel!r}")
