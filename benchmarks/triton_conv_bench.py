@@ -31,21 +31,33 @@ from .common import machine
 def conv_shapes(mods: dict[torch.nn.Module, str], run: Callable[[], Any]) -> list[dict[str, Any]]:
     """The 2-D convolutions among ``mods`` ({module: label}, conv_profile's) as one forward ``run``
     calls them: one entry per distinct (input shape, weight shape, padding) with how often it runs
-    and one module's weight and bias (a phase conv's 2x2 weights)."""
-    from newsstudio.accel.upsample_conv import PhaseUpsampleConv
+    and one module's weight and bias. Our exact rewrites count as the 2-D convolution they hold: a
+    phase conv's 2x2 weights; a depth-sliced 3-D conv's slice conv over [B*D, C, H, W] slices (its
+    bias comes after the depth sum), or its phase conv when it upsamples."""
+    from newsstudio.accel.depth_sliced_conv3d import DepthSlicedConv3d
+    from newsstudio.accel.igemm_conv import slot_padding
 
     seen: dict[tuple, dict[str, Any]] = {}
 
     def hook(name: str):
         def pre(m, inp):
-            pad = (1, 1) if isinstance(m, PhaseUpsampleConv) else tuple(m.padding)
-            key = (tuple(inp[0].shape), tuple(m.weight.shape), pad)
-            seen.setdefault(key, {"names": [], "weight": m.weight, "bias": m.bias, "x_shape": key[0],
+            pad = slot_padding(m) or tuple(m.padding)
+            shape, bias = tuple(inp[0].shape), m.bias
+            if isinstance(m, DepthSlicedConv3d):
+                b, _, d, h, w = shape
+                shape, bias = (b * d, m.i_pad, h, w), None
+            key = (shape, tuple(m.weight.shape), pad)
+            seen.setdefault(key, {"names": [], "weight": m.weight, "bias": bias, "x_shape": shape,
                                   "padding": pad})["names"].append(name)
         return pre
 
-    hooks = [m.register_forward_pre_hook(hook(name)) for m, name in mods.items()
-             if type(m) is torch.nn.Conv2d or isinstance(m, PhaseUpsampleConv)]
+    targets = {}
+    for m, name in mods.items():
+        if isinstance(m, DepthSlicedConv3d) and m.slice_conv is not None:
+            m, name = m.slice_conv, f"{name}.slice_conv"
+        if type(m) is torch.nn.Conv2d or slot_padding(m) is not None:
+            targets[m] = name
+    hooks = [m.register_forward_pre_hook(hook(name)) for m, name in targets.items()]
     with torch.inference_mode():
         run()
     for h in hooks:

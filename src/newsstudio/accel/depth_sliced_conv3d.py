@@ -50,6 +50,9 @@ class DepthSlicedConv3d(nn.Module):
         self.slice_conv: PhaseUpsampleConv | None = PhaseUpsampleConv(weight=w2, scale=upsample_hw) if upsample_hw > 1 else None
         self.weight = nn.Parameter(w2, requires_grad=False) if self.slice_conv is None else None
         self.bias = nn.Parameter(conv.bias.detach().clone(), requires_grad=False) if conv.bias is not None else None
+        # Another implementation of the slices' 2-D convolution (weight above, padding (ph, pw), no bias),
+        # e.g. accel/igemm_conv.py's Triton kernel; None: F.conv2d.
+        self.conv: nn.Module | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, c, d, h, w = x.shape
@@ -60,6 +63,8 @@ class DepthSlicedConv3d(nn.Module):
             slices = F.pad(slices, (0, 0, 0, 0, 0, self.i_pad - c))
         if self.slice_conv is not None:
             y = self.slice_conv(slices)  # [B*D, kd*Op, s*H, s*W]
+        elif self.conv is not None:
+            y = self.conv(slices)
         else:
             y = F.conv2d(slices, self.weight, None, padding=(ph, pw))  # [B*D, kd*Op, H', W']
         h2, w2 = y.shape[-2:]

@@ -30,19 +30,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .depth_sliced_conv3d import DepthSlicedConv3d
 from .fp8 import E4M3, E4M3_MAX, fp8_supported
-from .shared_copy import shared_copy
 from .kernel_choice import fastest
-from .triton_conv import K_ALIGN, KERNELS, conv2d_nhwc, interpreting, tma_available, tma_width, triton_available
+from .shared_copy import shared_copy
+from .triton_conv import K_ALIGN, KERNELS, conv2d_nhwc, interpreting, tma_available, tma_fits, triton_available
 from .upsample_conv import PhaseUpsampleConv
 
 __all__ = ["TRITON_CONV_MODES", "TritonConv2d", "calibrate_fp8_", "convert_convs_to_triton_", "eligible_conv", "pack_weight",
-           "triton_conv_supported", "with_triton_convs"]
+           "slot_padding", "triton_conv_supported", "with_triton_convs"]
 
 _EPS = 1e-12
 TRITON_CONV_MODES = ("off", "half", "fp8", "fp8-static")
 log = logging.getLogger(__name__)
 MIN_OUT_CHANNELS = 16  # narrower outputs (RGB heads) fill no tensor-core tile: cuDNN keeps them
+MIN_IN_CHANNELS = 16  # a narrower input (an RGB or latent stem) is a K too short for a tensor-core step
 
 
 # Inductor hands a custom op its inputs with the strides they had when traced (channels-last here),
@@ -63,7 +65,7 @@ def _triton_conv2d(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor |
     if kernel != "auto":
         return triton_call(kernel)()
     candidates = {"pointer": triton_call("pointer")}
-    if tma_width(x.shape[3] + 2 * pw - kw + 1) is not None and tma_available(x.device):
+    if tma_fits(x, packed, x.shape[3] + 2 * pw - kw + 1) and tma_available(x.device):
         candidates["tma"] = triton_call("tma")
     if weight is not None:
         candidates["cudnn"] = lambda: _cudnn_conv(x, weight, bias, residual, (ph, pw))
@@ -98,11 +100,12 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
 
 
 def eligible_conv(conv: nn.Module) -> bool:
-    """A Conv2d the kernel computes: stride 1, undilated, ungrouped, zero-padded by integers, C_in a
-    multiple of 16 and at least 16 outputs."""
+    """A Conv2d the kernel computes: stride 1, undilated, ungrouped, zero-padded by integers, at least
+    16 input channels in a multiple of 8 and at least 16 outputs."""
     return (isinstance(conv, nn.Conv2d) and conv.stride == (1, 1) and conv.dilation == (1, 1)
             and conv.groups == 1 and conv.padding_mode == "zeros" and not isinstance(conv.padding, str)
-            and conv.in_channels % K_ALIGN == 0 and conv.out_channels >= MIN_OUT_CHANNELS)
+            and conv.in_channels % K_ALIGN == 0 and conv.in_channels >= MIN_IN_CHANNELS
+            and conv.out_channels >= MIN_OUT_CHANNELS)
 
 
 class TritonConv2d(nn.Module):
@@ -202,20 +205,35 @@ def calibrate_fp8_(module: nn.Module, run: Callable[[], object]) -> int:
     return len(convs)
 
 
+def slot_padding(m: nn.Module) -> tuple[int, int] | None:
+    """The padding of the 2-D convolution inside one of our exact rewrites that has a ``conv`` slot
+    for another implementation (a phase conv; a depth-sliced 3-D conv's slice conv), or None."""
+    if isinstance(m, PhaseUpsampleConv):
+        return (1, 1)
+    if isinstance(m, DepthSlicedConv3d) and m.slice_conv is None:
+        return (m.padding[1], m.padding[2])
+    return None
+
+
 def convert_convs_to_triton_(module: nn.Module, mode: str = "half", *, kernel: str = "auto",
                              filter: Callable[[str, nn.Module], bool] | None = None,  # noqa: A002
                              force: bool = False) -> int:
-    """Swap, in place, every eligible ``nn.Conv2d`` of ``module`` (and the 2x2 convolution inside each
-    `PhaseUpsampleConv`) for a `TritonConv2d`; returns how many. Call it after the model is on its
-    device and in its final dtype (an FP8 buffer must not be cast by a later ``.half()``). Nothing is
-    swapped where the kernel cannot run (CPU without the interpreter, no Triton) unless ``force``."""
+    """Swap, in place, every eligible ``nn.Conv2d`` of ``module`` (and the 2-D convolution inside each
+    `PhaseUpsampleConv` and `DepthSlicedConv3d`) for a `TritonConv2d`; returns how many. Call it after
+    the model is on its device and in its final dtype (an FP8 buffer must not be cast by a later
+    ``.half()``). Nothing is swapped where the kernel cannot run (CPU without the interpreter, no
+    Triton) unless ``force``."""
     count = 0
     for name, child in list(module.named_modules()):
         if filter is not None and not filter(name, child):
             continue
-        if isinstance(child, PhaseUpsampleConv):
-            if child.conv is None and child.weight.shape[1] % K_ALIGN == 0 and (force or triton_conv_supported(child.weight.device)):
-                child.conv = TritonConv2d(child.weight, child.bias, (1, 1), mode, kernel)
+        pad = slot_padding(child)
+        if pad is not None:
+            w = child.weight
+            if (child.conv is None and w.shape[1] % K_ALIGN == 0 and w.shape[1] >= MIN_IN_CHANNELS
+                    and w.shape[0] >= MIN_OUT_CHANNELS and (force or triton_conv_supported(w.device))):
+                bias = child.bias if isinstance(child, PhaseUpsampleConv) else None  # a sliced conv adds its bias after the sum
+                child.conv = TritonConv2d(w, bias, pad, mode, kernel)
                 count += 1
             continue
         if not eligible_conv(child) or not (force or triton_conv_supported(child.weight.device)):

@@ -30,9 +30,10 @@ import torch
 triton = None
 tl = None
 
-__all__ = ["KERNELS", "K_ALIGN", "conv2d_nhwc", "interpreting", "tma_available", "tma_width", "triton_available"]
+__all__ = ["KERNELS", "K_ALIGN", "conv2d_nhwc", "interpreting", "k_waste", "tma_available", "tma_fits", "tma_width",
+           "triton_available"]
 
-K_ALIGN = 16  # input channels must be a multiple of this (the smallest BLOCK_K)
+K_ALIGN = 8  # input channels must be a multiple of this (16-byte rows for vector and TMA loads in fp16)
 KERNELS = ("pointer", "tma")
 
 
@@ -67,13 +68,21 @@ def _configs() -> list:
     return out
 
 
+def k_waste(c_in: int, block_k: int) -> float:
+    """Share of a tap's K steps spent on masked channels when BLOCK_K does not divide C_in."""
+    padded = -(-c_in // block_k) * block_k
+    return (padded - c_in) / padded
+
+
 def _prune(configs, named_args, **kwargs):
-    """Keep tiles whose BLOCK_K divides C_in (a K step never straddles two taps) and whose BLOCK_N
-    is not far wider than C_out."""
+    """Keep tiles that waste at most a quarter of each tap's K steps on masked channels (BLOCK_K 16
+    only where nothing wider does) and whose BLOCK_N is not far wider than C_out."""
     c_in, c_out = kwargs.get("C_IN", named_args.get("C_IN")), kwargs.get("C_OUT", named_args.get("C_OUT"))
-    fits_k = [c for c in configs if c_in % c.kwargs["BLOCK_K"] == 0]
-    if any(c.kwargs["BLOCK_K"] >= 64 for c in fits_k):
-        fits_k = [c for c in fits_k if c.kwargs["BLOCK_K"] >= 64]
+    fits_k = [c for c in configs if k_waste(c_in, c.kwargs["BLOCK_K"]) <= 0.25]
+    if any(c.kwargs["BLOCK_K"] >= 32 for c in fits_k):
+        fits_k = [c for c in fits_k if c.kwargs["BLOCK_K"] >= 32]
+    if any(c.kwargs["BLOCK_K"] >= 64 and k_waste(c_in, c.kwargs["BLOCK_K"]) == 0 for c in fits_k):
+        fits_k = [c for c in fits_k if c.kwargs["BLOCK_K"] >= 64]  # channels a multiple of 64: the wide tiles
     return [c for c in fits_k if c.kwargs["BLOCK_N"] <= max(64, 2 * c_out)] or fits_k[:1]
 
 
@@ -163,19 +172,25 @@ def _conv_kernel(
     img = offs_m // (OW * OH)
 
     K_TOTAL: tl.constexpr = KH * KW * C_IN
-    STEPS_PER_TAP: tl.constexpr = C_IN // BLOCK_K
+    STEPS_PER_TAP: tl.constexpr = (C_IN + BLOCK_K - 1) // BLOCK_K
+    EVEN_K: tl.constexpr = C_IN % BLOCK_K == 0  # else each tap's last step is masked to its channels
     w_cols = w_ptr + offs_n.to(tl.int64)[None, :] * K_TOTAL  # [1, BLOCK_N]
     n_ok = offs_n < C_OUT
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for step in range(0, KH * KW * STEPS_PER_TAP):
         tap = step // STEPS_PER_TAP
-        c0 = (step % STEPS_PER_TAP) * BLOCK_K
+        ck = (step % STEPS_PER_TAP) * BLOCK_K + offs_k
         ih = oh + (tap // KW) - PH
         iw = ow + (tap % KW) - PW
         ok = m_ok & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
         pix = ((img * H + ih) * W + iw).to(tl.int64) * C_IN
-        a = tl.load(x_ptr + pix[:, None] + (c0 + offs_k)[None, :], mask=ok[:, None], other=0.0)
-        b = tl.load(w_cols + (tap * C_IN + c0 + offs_k)[:, None], mask=n_ok[None, :], other=0.0)
+        if EVEN_K:
+            a = tl.load(x_ptr + pix[:, None] + ck[None, :], mask=ok[:, None], other=0.0)
+            b = tl.load(w_cols + (tap * C_IN + ck)[:, None], mask=n_ok[None, :], other=0.0)
+        else:
+            k_ok = ck < C_IN
+            a = tl.load(x_ptr + pix[:, None] + ck[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
+            b = tl.load(w_cols + (tap * C_IN + ck)[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)
         acc = tl.dot(a, b, acc)
     _epilogue(acc, offs_m, m_ok, offs_n, bias_ptr, res_ptr, y_ptr, xs_ptr, ws_ptr, C_OUT, HAS_BIAS, HAS_RES, SCALED)
 
@@ -200,7 +215,9 @@ def _conv_kernel_tma(
     img = pid_m // (tiles_w * tiles_h)
     n0 = pid_n * BLOCK_N
 
-    STEPS_PER_TAP: tl.constexpr = C_IN // BLOCK_K
+    # a tap's last step may reach past C_IN: the input box reads zeros there (out of bounds), so the
+    # weights it meets (the next tap's, or zeros past the end) add nothing
+    STEPS_PER_TAP: tl.constexpr = (C_IN + BLOCK_K - 1) // BLOCK_K
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for step in range(0, KH * KW * STEPS_PER_TAP):
         tap = step // STEPS_PER_TAP
@@ -252,6 +269,13 @@ def tma_width(ow: int, block_m: int = 128) -> int | None:
     """The TMA kernel's patch width for an output ``ow`` pixels wide: the widest of 128 ... 8 that
     divides it and ``block_m`` (no tile wasted on the right edge), or None (the pointer kernel)."""
     return next((bw for bw in (128, 64, 32, 16, 8) if bw <= block_m and ow % bw == 0 and block_m % bw == 0), None)
+
+
+def tma_fits(x: torch.Tensor, packed: torch.Tensor, out_width: int) -> bool:
+    """The TMA kernel can take this call: 16-byte rows of input channels and of packed weights (TMA's
+    stride alignment) and an output width `tma_width` can tile."""
+    return (x.shape[1] * x.element_size() % 16 == 0 and packed.shape[1] * packed.element_size() % 16 == 0
+            and tma_width(out_width) is not None)
 
 
 def tma_available(device: torch.device) -> bool:
@@ -329,9 +353,7 @@ def conv2d_nhwc(
     flags = dict(C_IN=c_in, C_OUT=c_out, KH=kh, KW=kw, PH=ph, PW=pw, HAS_BIAS=bias is not None,
                  HAS_RES=residual is not None, SCALED=scaled)
     if block is None and (interpreting() or x.device.type != "cuda"):
-        block = (32, 32, 32 if c_in % 32 == 0 else K_ALIGN)
-    if block is not None and c_in % block[2]:
-        raise ValueError(f"BLOCK_K {block[2]} must divide C_in {c_in}")
+        block = (32, 32, 32 if c_in >= 32 else 16)
     plain, tuned = _kernels()[kernel]
     if kernel == "pointer":
         m = b * oh * ow
@@ -345,9 +367,10 @@ def conv2d_nhwc(
 
         bm = 128 if block is None else block[0]
         bw = tma_width(ow, bm)
-        if bw is None or not tma_available(x.device):
-            raise ValueError(f"the TMA kernel needs Hopper+ and an output width that 8 divides, got {ow}")
-        bk, bn = (block[2], block[1]) if block is not None else (K_ALIGN, K_ALIGN)  # boxes reset per tile config
+        if bw is None or not tma_fits(x, weight, ow) or not tma_available(x.device):
+            raise ValueError(f"the TMA kernel needs Hopper+, 16-byte channel rows and an output width that 8 divides; "
+                             f"got {c_in} channels of {x.dtype}, output width {ow}")
+        bk, bn = (block[2], block[1]) if block is not None else (16, 16)  # boxes reset per tile config
         x_desc = TensorDescriptor(x, [b, h, w, c_in], [h * w * c_in, w * c_in, c_in, 1], [1, bm // bw, bw, bk])
         w_desc = TensorDescriptor(weight, [c_out, kh * kw * c_in], [kh * kw * c_in, 1], [bn, bk])
         args = (x_desc, w_desc, *tail, b, oh, ow)
