@@ -7,7 +7,10 @@ exposes no FP8 convolution at all. This kernel does the convolution as one GEMM 
 the im2col matrix: each K step loads one tap's BLOCK_K input channels for BLOCK_M output pixels
 straight from the NHWC input (zero where the tap falls in the padding), and the weight tile from a
 [C_out, KH*KW*C_in] K-contiguous matrix (the operand layout FP8 tensor cores want). Bias and a
-residual add (a resnet block's skip) are fused into the epilogue.
+residual add (a resnet block's skip) are fused into the epilogue. Two loaders: ``pointer`` gathers
+each row of the A tile (any shape; masked in the padding and past C_in when BLOCK_K does not
+divide it) and ``tma`` (Hopper) loads each tap's input patch as one box of the 4-D [B, H, W, C]
+tensor, whose out-of-bounds part the hardware fills with zeros — the padding for free.
 
 FP8: the caller hands in ``float8_e4m3fn`` input and weight and their scales, ``x ≈ x_q * s_x``
 (one scale for the tensor) and ``w[o] ≈ w_q[o] * s_w[o]`` (one per output channel); the kernel
