@@ -158,6 +158,18 @@ VARIANT_FLAGS = ("nchw", "cl", "nobench", "norw", "tf32", "notf32", "triton", "t
 VARIANT_SYNTAX = "ACCEL[:nchw|:cl][:nobench][:norw][:tf32|:notf32][:triton|:triton8]"
 
 
+def kernel_choices() -> dict[str, Any]:
+    """What `TritonConv2d(kernel="auto")` picked per layer shape in this process (accel/kernel_choice.py):
+    how many shapes each implementation won, and per shape the winner and every candidate's ms."""
+    from collections import Counter
+
+    from newsstudio.accel.kernel_choice import choices
+
+    picked = choices()
+    return {"wins": dict(Counter(w for w, _ in picked.values())),
+            "by_shape": {repr(k): {"winner": w, "ms": t} for k, (w, t) in picked.items()}}
+
+
 def parse_variant(spec: str) -> dict[str, Any]:
     """`ACCEL[:nchw|:cl][:nobench][:norw][:tf32|:notf32][:triton|:triton8]` -> engine keywords: the accel
     mode, channels_last (':nchw' off, ':cl' on, else the engine's default), cudnn_benchmark

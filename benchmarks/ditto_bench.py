@@ -42,8 +42,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .common import (add_engine_config_args, avatar, machine, media, median, official_cudnn_defaults, parse_variant,
-                     stream_rows, sync, timed, variant_list, weights_channels_last, write_json)
+from newsstudio.accel.kernel_choice import forget_choices
+
+from .common import (add_engine_config_args, avatar, kernel_choices, machine, media, median, official_cudnn_defaults,
+                     parse_variant, stream_rows, sync, timed, variant_list, weights_channels_last, write_json)
 
 H200_PEAK_TFLOPS = 776.0  # measured dense bf16/fp16 peak of our H200 (BRIEF section 4)
 QUICK_OPTIONS = {"input_size": 128, "hubert_layers": 2}
@@ -267,10 +269,12 @@ def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, 
         if k:
             engine = DittoEngine(device, weights="random", salt=salt, steps=steps, **kw, **opts)
         print(f"[ditto] ours ({spec}): warm-up and {repeat} dense runs ...", file=sys.stderr, flush=True)
+        forget_choices()  # this variant's own per-shape kernel choices, recorded below
         warm_s = engine.warm_up()  # every batch bucket, as a server does: no capture inside a timed run
         fig = engine_figures(engine, packet, seconds, chunk, repeat, workdir, mp4=mp4)
         fig.update(accel=engine.accel, channels_last=weights_channels_last(engine.models.decoder), cudnn_benchmark=engine.cudnn_benchmark,
                    compile_s=engine._crop_runner.compile_seconds, warm_up_s=warm_s)
+        fig.update(triton_convs=engine.triton_convs, kernel_choices=kernel_choices())
         out["variants"][spec] = fig
         print(f"[ditto] ours ({spec}): {fig['dense_fps']:.1f} fps, TTFF {fig['ttff_ms']:.1f} ms", file=sys.stderr, flush=True)
     engine = first

@@ -32,9 +32,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from .common import (add_engine_config_args, avatar, live_ttff, machine, media, median, official_cudnn_defaults,
-                     parse_variant, segment_mp4_figures, stream_rows, sync, timed, variant_list, weights_channels_last,
-                     write_json)
+from newsstudio.accel.kernel_choice import forget_choices
+
+from .common import (add_engine_config_args, avatar, kernel_choices, live_ttff, machine, media, median,
+                     official_cudnn_defaults, parse_variant, segment_mp4_figures, stream_rows, sync, timed,
+                     variant_list, weights_channels_last, write_json)
 
 H200_PEAK_TFLOPS = 776.0  # measured dense bf16/fp16 peak of our H200 (BRIEF section 4)
 
@@ -210,11 +212,13 @@ def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, 
         if k:
             engine = MuseTalkEngine(device, weights="random", salt=salt, **kw, **tiny)
         print(f"[musetalk] ours ({spec}): warm-up and {repeat} dense runs ...", file=sys.stderr, flush=True)
+        forget_choices()  # this variant's own per-shape kernel choices, recorded below
         warm_s = engine.warm_up()  # every batch bucket, as a server does: no capture inside a timed run
         fig = ours_figures(engine, packet, audio_path, fps, chunk, ttff_chunk, repeat, workdir,
                            ttff_repeat=1 if quick else 5, mp4=mp4)
         fig.update(accel=engine.accel, channels_last=weights_channels_last(engine.models.vae), cudnn_benchmark=engine.cudnn_benchmark,
                    compile_s=engine._face_runner.compile_seconds, warm_up_s=warm_s)
+        fig.update(triton_convs=engine.triton_convs, kernel_choices=kernel_choices())
         out["variants"][spec] = fig
         print(f"[musetalk] ours ({spec}): {fig['dense_fps']:.1f} fps, render stage {fig['render_stage_fps']:.1f} fps, "
               f"TTFF {fig['ttff_ms']:.1f} ms", file=sys.stderr, flush=True)
