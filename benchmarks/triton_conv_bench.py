@@ -77,7 +77,7 @@ def measure(entry: dict[str, Any], iters: int, device: torch.device) -> dict[str
     (Triton compile + autotune). 'fp8 X' includes the per-call input quantisation; 'fp8 X kernel'
     is the kernel alone on input quantised beforehand (what a fused static-scale quantisation
     would approach)."""
-    from newsstudio.accel.fp8 import E4M3, E4M3_MAX, fp8_supported
+    from newsstudio.accel.fp8 import fp8_supported, quantize_e4m3
     from newsstudio.accel.igemm_conv import TritonConv2d, eligible_conv
     from newsstudio.accel.triton_conv import conv2d_nhwc, tma_available, tma_width
 
@@ -100,8 +100,8 @@ def measure(entry: dict[str, Any], iters: int, device: torch.device) -> dict[str
     else:
         kernels = ["pointer"] + (["tma"] if tma_width(ref.shape[3]) and tma_available(device) else [])
         modes = ["half"] + (["fp8"] if fp8_supported(device) else [])
-        xs = (x.abs().amax().float() / E4M3_MAX).reshape(1)
-        xq = (x.float() / xs).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+        xq, xs = quantize_e4m3(x, "tensor")
+        xs = xs.reshape(1)
         for mode in modes:
             for k in kernels:
                 m = TritonConv2d.from_conv(conv, mode, kernel=k)

@@ -330,3 +330,11 @@ def test_the_setting_reaches_neural_engines_and_bad_values_fail_early():
         engine_options("ditto", "random", None, triton_convs="fp8-static")  # needs calibration inputs: benchmarks only
     with pytest.raises(ValueError, match="triton-convs must be one of"):
         EnginePool("classic", torch.device("cpu"), "random", None, triton_convs="fast")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="about a CPU tensor without the interpreter")
+def test_a_cpu_tensor_without_the_interpreter_is_refused_clearly(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    x = torch.randn(1, 16, 4, 4).contiguous(memory_format=torch.channels_last)
+    with pytest.raises(ValueError, match="runs on CUDA"):
+        conv2d_nhwc(x, torch.randn(16, 9 * 16), (3, 3), (1, 1))

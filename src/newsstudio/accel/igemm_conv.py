@@ -31,17 +31,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from .depth_sliced_conv3d import DepthSlicedConv3d
-from .fp8 import E4M3, E4M3_MAX, fp8_supported
+from .fp8 import E4M3, E4M3_MAX, fp8_supported, quantize_e4m3
 from .kernel_choice import fastest
 from .shared_copy import shared_copy
 from .triton_conv import K_ALIGN, KERNELS, conv2d_nhwc, interpreting, tma_available, tma_fits, triton_available
 from .upsample_conv import PhaseUpsampleConv
 
-__all__ = ["TRITON_CONV_MODES", "TritonConv2d", "calibrate_fp8_", "convert_convs_to_triton_", "eligible_conv", "pack_weight",
+__all__ = ["ENGINE_TRITON_CONV_MODES", "TRITON_CONV_MODES", "TritonConv2d", "calibrate_fp8_", "convert_convs_to_triton_", "eligible_conv", "pack_weight",
            "slot_padding", "triton_conv_supported", "with_triton_convs"]
 
-_EPS = 1e-12
 TRITON_CONV_MODES = ("off", "half", "fp8", "fp8-static")
+ENGINE_TRITON_CONV_MODES = TRITON_CONV_MODES[:3]  # an engine has no calibration inputs for fp8-static
 log = logging.getLogger(__name__)
 MIN_OUT_CHANNELS = 16  # narrower outputs (RGB heads) fill no tensor-core tile: cuDNN keeps them
 MIN_IN_CHANNELS = 16  # a narrower input (an RGB or latent stem) is a K too short for a tensor-core step
@@ -99,13 +99,17 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     return weight.permute(0, 2, 3, 1).reshape(weight.shape[0], -1).contiguous()
 
 
+def _channels_fit(c_in: int, c_out: int) -> bool:
+    """At least 16 input channels in a multiple of 8, and at least 16 outputs."""
+    return c_in % K_ALIGN == 0 and c_in >= MIN_IN_CHANNELS and c_out >= MIN_OUT_CHANNELS
+
+
 def eligible_conv(conv: nn.Module) -> bool:
-    """A Conv2d the kernel computes: stride 1, undilated, ungrouped, zero-padded by integers, at least
-    16 input channels in a multiple of 8 and at least 16 outputs."""
+    """A Conv2d the kernel computes: stride 1, undilated, ungrouped, zero-padded by integers, and
+    channels that fit (`_channels_fit`)."""
     return (isinstance(conv, nn.Conv2d) and conv.stride == (1, 1) and conv.dilation == (1, 1)
             and conv.groups == 1 and conv.padding_mode == "zeros" and not isinstance(conv.padding, str)
-            and conv.in_channels % K_ALIGN == 0 and conv.in_channels >= MIN_IN_CHANNELS
-            and conv.out_channels >= MIN_OUT_CHANNELS)
+            and _channels_fit(conv.in_channels, conv.out_channels))
 
 
 class TritonConv2d(nn.Module):
@@ -135,9 +139,9 @@ class TritonConv2d(nn.Module):
         self.bias = nn.Parameter(bias.detach(), requires_grad=False) if bias is not None else None
         packed = pack_weight(w)
         if self.fp8:
-            scale = (packed.float().abs().amax(dim=1) / E4M3_MAX).clamp_min(_EPS)
-            self.register_buffer("packed", (packed.float() / scale[:, None]).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3))
-            self.register_buffer("w_scale", scale)
+            q, scale = quantize_e4m3(packed, "row")  # one scale per output channel
+            self.register_buffer("packed", q)
+            self.register_buffer("w_scale", scale.squeeze(1))
         else:
             self.register_buffer("packed", packed)
             self.w_scale = None
@@ -173,13 +177,11 @@ class TritonConv2d(nn.Module):
             xq = (x * self.x_inv_scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
             return _triton_conv2d(xq, self.packed, None, self.bias, residual, self.x_scale, self.w_scale, kh, kw, ph, pw,
                                   out_dtype, self.kernel)
-        amax = x.abs().amax().float()
-        if self._amax is not None:
-            self._amax = torch.maximum(self._amax, amax)
-        x_scale = (amax / E4M3_MAX).clamp_min(_EPS).reshape(1)
-        xq = (x.float() / x_scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
-        return _triton_conv2d(xq, self.packed, None, self.bias, residual, x_scale, self.w_scale, kh, kw, ph, pw, out_dtype,
-                              self.kernel)
+        if self._amax is not None:  # calibrating
+            self._amax = torch.maximum(self._amax, x.abs().amax().float())
+        xq, x_scale = quantize_e4m3(x, "tensor")
+        return _triton_conv2d(xq, self.packed, None, self.bias, residual, x_scale.reshape(1), self.w_scale, kh, kw, ph, pw,
+                              out_dtype, self.kernel)
 
 
 def calibrate_fp8_(module: nn.Module, run: Callable[[], object]) -> int:
@@ -230,8 +232,7 @@ def convert_convs_to_triton_(module: nn.Module, mode: str = "half", *, kernel: s
         pad = slot_padding(child)
         if pad is not None:
             w = child.weight
-            if (child.conv is None and w.shape[1] % K_ALIGN == 0 and w.shape[1] >= MIN_IN_CHANNELS
-                    and w.shape[0] >= MIN_OUT_CHANNELS and (force or triton_conv_supported(w.device))):
+            if child.conv is None and _channels_fit(w.shape[1], w.shape[0]) and (force or triton_conv_supported(w.device)):
                 bias = child.bias if isinstance(child, PhaseUpsampleConv) else None  # a sliced conv adds its bias after the sum
                 child.conv = TritonConv2d(w, bias, pad, mode, kernel)
                 count += 1

@@ -19,18 +19,21 @@ from collections.abc import Callable, Hashable
 
 import torch
 
-__all__ = ["choices", "fastest", "forget_choices"]
+__all__ = ["BENCH_MS", "choices", "fastest", "forget_choices"]
 
 log = logging.getLogger(__name__)
 _CHOSEN: dict[Hashable, str] = {}
 _TIMES: dict[Hashable, dict[str, float]] = {}
 _LOCK = threading.Lock()
+#: Short `do_bench` runs (ms of warm-up and of timing) for choices made at an engine's start-up,
+#: which times ~12 layer shapes x its batch buckets (also the Triton autotuner's, triton_conv.py).
+BENCH_MS = {"warmup": 5, "rep": 20}
 
 
 def _do_bench(fn: Callable[[], object]) -> float:
     from triton.testing import do_bench
 
-    return float(do_bench(fn, warmup=5, rep=20))
+    return float(do_bench(fn, **BENCH_MS))
 
 
 def fastest(key: Hashable, candidates: dict[str, Callable[[], object]], timing: bool = True,

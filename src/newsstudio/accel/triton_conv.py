@@ -27,6 +27,8 @@ import os
 
 import torch
 
+from .kernel_choice import BENCH_MS
+
 # Imported on first use (`triton_available`): CUDA builds of torch ship Triton, CPU installs may
 # lack it, and Triton reads TRITON_INTERPRET when it is imported, so a test can choose the CPU
 # interpreter as long as nothing imported Triton before it.
@@ -100,9 +102,9 @@ def _autotune_options() -> dict:
     if "do_bench" in params:
         from triton.testing import do_bench
 
-        opts["do_bench"] = lambda fn, quantiles: do_bench(fn, warmup=5, rep=20, quantiles=quantiles)
+        opts["do_bench"] = lambda fn, quantiles: do_bench(fn, quantiles=quantiles, **BENCH_MS)
     elif "rep" in params:
-        opts.update(warmup=5, rep=20)
+        opts.update(BENCH_MS)
     return opts
 
 
@@ -355,7 +357,9 @@ def conv2d_nhwc(
             x_scale if scaled else dummy, w_scale if scaled else dummy)
     flags = dict(C_IN=c_in, C_OUT=c_out, KH=kh, KW=kw, PH=ph, PW=pw, HAS_BIAS=bias is not None,
                  HAS_RES=residual is not None, SCALED=scaled)
-    if block is None and (interpreting() or x.device.type != "cuda"):
+    if x.device.type != "cuda" and not interpreting():
+        raise ValueError(f"the Triton convolution runs on CUDA (or in Triton's interpreter), not on {x.device}")
+    if block is None and interpreting():
         block = (32, 32, 32 if c_in >= 32 else 16)
     plain, tuned = _kernels()[kernel]
     if kernel == "pointer":

@@ -79,13 +79,12 @@ def engine_options(name: str, weights: str, models: str | os.PathLike[str] | Non
     return kw
 
 
-ENGINE_TRITON_CONVS = ("off", "half", "fp8")
-
-
 def check_triton_convs(mode: str) -> str:
     """A ``--triton-convs`` value an engine takes (fp8-static needs calibration inputs: benchmarks only)."""
-    if mode not in ENGINE_TRITON_CONVS:
-        raise ValueError(f"triton-convs must be one of {', '.join(ENGINE_TRITON_CONVS)}, got {mode!r}")
+    from ..accel.igemm_conv import ENGINE_TRITON_CONV_MODES
+
+    if mode not in ENGINE_TRITON_CONV_MODES:
+        raise ValueError(f"triton-convs must be one of {', '.join(ENGINE_TRITON_CONV_MODES)}, got {mode!r}")
     return mode
 
 
