@@ -175,8 +175,8 @@ def parse_variant(spec: str) -> dict[str, Any]:
     mode, channels_last (':nchw' off, ':cl' on, else the engine's default), cudnn_benchmark
     (':nobench' off, else the default: on with CUDA), the engine's exact conv_rewrites (':norw' off),
     for Ditto its front end graphed with TF32 matmuls (':tf32') or in float32 (':notf32'; else the
-    engine's default, TF32), and for MuseTalk the VAE decoder's convs on the Triton kernel in half
-    precision (':triton') or FP8 (':triton8'). Each configuration gets its own copy of the weights
+    engine's default, TF32), and the render convolutions on the Triton kernel in half precision
+    (':triton') or FP8 (':triton8'; accel/igemm_conv.py). Each configuration gets its own copy of the weights
     (engines/model_cache.py)."""
     from newsstudio.accel import MODES
 

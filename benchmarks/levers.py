@@ -36,7 +36,6 @@ import argparse
 import contextlib
 import copy
 import gc
-import importlib.util
 import json
 import math
 import statistics
@@ -58,6 +57,7 @@ except ImportError:  # pragma: no cover
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from newsstudio.accel import StaticBatchRunner, cast_, channels_last, convert_linears_to_fp8_, fp8_supported, tf32
+from newsstudio.accel.igemm_conv import calibrate_fp8_, convert_convs_to_triton_, triton_conv_supported
 from newsstudio.accel.precision import parse_dtype, to_channels_last_
 from newsstudio.weights.seeded import fill_seeded_
 
@@ -477,7 +477,7 @@ def run_network(net: Net, args, device: torch.device, half: str, peak: dict[str,
     compiled: dict[tuple, Callable[..., Any]] = {}
     on_cuda = device.type == "cuda"
     fp8_ok = on_cuda and fp8_supported(device)
-    triton_ok = on_cuda and importlib.util.find_spec("triton") is not None
+    triton_ok = on_cuda and triton_conv_supported(device)
     half_dtype = parse_dtype(half)
 
     def model_for(lv: Lever) -> tuple[nn.Module, int | None]:
@@ -496,13 +496,9 @@ def run_network(net: Net, args, device: torch.device, half: str, peak: dict[str,
             if lv.channels_last:
                 to_channels_last_(m)
             if lv.triton != "off":
-                from newsstudio.accel.igemm_conv import convert_convs_to_triton_
-
                 if not convert_convs_to_triton_(m, lv.triton):
                     raise RuntimeError("no convolution moved to the Triton kernel")
                 if lv.triton == "fp8-static":  # scales from the first timing input; accuracy is measured on another draw
-                    from newsstudio.accel.igemm_conv import calibrate_fp8_
-
                     calibrate_fp8_(m, lambda: net.make_fn(m)(*_cast_inputs(sets32[0], dt, lv.channels_last)))
             n8 = None
             if lv.fp8:
