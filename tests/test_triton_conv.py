@@ -2,12 +2,18 @@
 
 Without a GPU the very same kernel runs in Triton's CPU interpreter (``TRITON_INTERPRET=1``, which
 conftest.py sets before anything imports Triton): these tests check its indexing, padding, masks, fused
-bias/residual, FP8 scaling and the layer swap; speed is the GPU benchmark's job
-(benchmarks/triton_conv_bench.py).
+bias/residual, FP8 scaling and the layer swap; and every tile the autotuner may choose is compiled for
+Hopper (tests/triton_sm90_compile.py). Speed is the GPU benchmark's job (benchmarks/triton_conv_bench.py).
 """
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +28,7 @@ from newsstudio.accel.igemm_conv import (TritonConv2d, convert_convs_to_triton_,
 from newsstudio.accel.triton_conv import conv2d_nhwc  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _cl(t: torch.Tensor) -> torch.Tensor:
@@ -300,23 +307,54 @@ def test_engines_without_the_kernel_keep_cudnn(monkeypatch):
 
 def test_every_allowed_channel_count_has_a_tile_to_tune():
     """The GPU autotuner's candidate tiles: for any C_in the kernel accepts, at least one whose K step
-    divides it (a K step never straddles two taps), the wide ones only where they fit."""
+    divides it (a K step never straddles two taps), the wide ones only where they fit; FP8 K steps of
+    32 at least (the narrowest FP8 tensor-core step); TMA patches one row high where the width allows."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    from newsstudio.accel.triton_conv import _configs, _prune, _prune_tma, _tma_configs, k_waste
+    from newsstudio.accel.triton_conv import (FP8_MIN_BLOCK_K, _configs, _prune, _prune_tma, _tma_configs, k_waste,
+                                              triton_available)
 
-    descs = {dt: TensorDescriptor(torch.zeros(1, 2, 2, 16, dtype=dt), [1, 2, 2, 16], [64, 32, 16, 1], [1, 1, 2, 16])
-             for dt in (torch.float16, E4M3)}
+    assert triton_available()
+    inputs = {dt: torch.zeros(1, 2, 2, 16, dtype=dt) for dt in (torch.float16, E4M3)}
+    descs = {dt: TensorDescriptor(x, [1, 2, 2, 16], [64, 32, 16, 1], [1, 1, 2, 16]) for dt, x in inputs.items()}
     for c_in in range(16, 1025, 8):
         for c_out in (16, 64, 128, 2048):
-            tiles = [c.kwargs for c in _prune(_configs(), {}, C_IN=c_in, C_OUT=c_out)]
-            assert tiles and all(k_waste(c_in, t["BLOCK_K"]) <= 0.25 for t in tiles)
-            if c_in % 64 == 0:
-                assert all(t["BLOCK_K"] >= 64 for t in tiles)  # the wide tiles where channels allow
-            assert all(t["BLOCK_N"] <= max(64, 2 * c_out) for t in tiles) or len(tiles) == 1
+            for dt, x in inputs.items():
+                tiles = [c.kwargs for c in _prune(_configs(), {"x_ptr": x}, C_IN=c_in, C_OUT=c_out)]
+                assert tiles
+                if dt == E4M3:
+                    assert all(t["BLOCK_K"] >= FP8_MIN_BLOCK_K for t in tiles)
+                    assert all(k_waste(c_in, t["BLOCK_K"]) <= max(0.25, k_waste(c_in, FP8_MIN_BLOCK_K)) for t in tiles)
+                else:
+                    assert all(k_waste(c_in, t["BLOCK_K"]) <= 0.25 for t in tiles)
+                if c_in % 64 == 0:
+                    assert all(t["BLOCK_K"] >= 64 for t in tiles)  # the wide tiles where channels allow
+                assert all(t["BLOCK_N"] <= max(64, 2 * c_out) for t in tiles) or len(tiles) == 1
             for dt, desc in descs.items():  # TMA: also rows of at most 128 bytes
-                tiles = [c.kwargs for c in _prune_tma(_tma_configs(), {"x_desc": desc}, C_IN=c_in, C_OUT=c_out)]
-                assert tiles and all(t["BLOCK_K"] * desc.base.element_size() <= 128 for t in tiles)
+                for bw, heights in ((128, {1}), (64, {1}), (32, {4}), (8, {16})):
+                    tiles = [c.kwargs for c in _prune_tma(_tma_configs(), {"x_desc": desc}, C_IN=c_in, C_OUT=c_out, BW=bw)]
+                    assert tiles and all(t["BLOCK_K"] * desc.base.element_size() <= 128 for t in tiles)
+                    assert {t["BLOCK_M"] // bw for t in tiles} == heights
+                    assert dt != E4M3 or all(t["BLOCK_K"] >= FP8_MIN_BLOCK_K for t in tiles)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton.backends.nvidia") is None, reason="needs Triton's CUDA backend")
+def test_every_tile_the_autotuner_may_pick_compiles_for_hopper():
+    """Compiled for sm_90 without a GPU (Triton's own ptxas): every tile left after pruning, for the
+    engines' kinds of layer shape, fp16 and FP8, both loaders, compiles within the H200's shared
+    memory with pipelined (asynchronous) loads; a one-row TMA patch feeds the tensor cores straight
+    from shared memory."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "triton_sm90_compile.py")], capture_output=True,
+                          text=True, env=env, timeout=900)
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert proc.returncode == 0, [r for r in records if "error" in r or "failures" in r] or proc.stderr[-2000:]
+    tiles = records[:-1]
+    assert records[-1] == {"compiled": len(tiles), "failures": 0} and len(tiles) > 50
+    assert {(r["kernel"], r["dtype"]) for r in tiles} == {(k, d) for k in ("pointer", "tma") for d in ("fp16", "fp8e4nv")}
+    one_row = [r for r in tiles if r["kernel"] == "tma" and r["shape"][5] % r["tile"][0] == 0]
+    assert one_row and not any(r["operand_a_from_registers"] for r in one_row)
 
 
 def test_the_setting_reaches_neural_engines_and_bad_values_fail_early():

@@ -38,6 +38,7 @@ tl = None
 __all__ = ["KERNELS", "K_ALIGN", "conv2d_nhwc", "interpreting", "k_waste", "tma_available", "tma_fits", "tma_width",
            "triton_available"]
 
+FP8_MIN_BLOCK_K = 32  # the K of one FP8 tensor-core step (wgmma / mma e4m3); narrower tiles do not compile
 K_ALIGN = 8  # input channels must be a multiple of this (16-byte rows for vector and TMA loads in fp16)
 KERNELS = ("pointer", "tma")
 
@@ -79,11 +80,24 @@ def k_waste(c_in: int, block_k: int) -> float:
     return (padded - c_in) / padded
 
 
+def _operand_bytes(named_args: dict, kwargs: dict) -> int:
+    """Bytes per element of the input operand (1 for FP8), from the pointer or the TMA descriptor."""
+    x = kwargs.get("x_ptr", named_args.get("x_ptr"))
+    if x is None:
+        desc = kwargs.get("x_desc", named_args.get("x_desc"))
+        x = desc.base if desc is not None else None
+    return x.element_size() if x is not None else 2
+
+
 def _prune(configs, named_args, **kwargs):
     """Keep tiles that waste at most a quarter of each tap's K steps on masked channels (BLOCK_K 16
-    only where nothing wider does) and whose BLOCK_N is not far wider than C_out."""
+    only where nothing wider does; FP8 tensor cores take K steps of 32 at least, so FP8 keeps the
+    least wasteful of those) and whose BLOCK_N is not far wider than C_out."""
     c_in, c_out = kwargs.get("C_IN", named_args.get("C_IN")), kwargs.get("C_OUT", named_args.get("C_OUT"))
-    fits_k = [c for c in configs if k_waste(c_in, c.kwargs["BLOCK_K"]) <= 0.25]
+    min_k = FP8_MIN_BLOCK_K if _operand_bytes(named_args, kwargs) == 1 else 16
+    usable = [c for c in configs if c.kwargs["BLOCK_K"] >= min_k]
+    least = min(k_waste(c_in, c.kwargs["BLOCK_K"]) for c in usable)
+    fits_k = [c for c in usable if k_waste(c_in, c.kwargs["BLOCK_K"]) <= max(0.25, least)]
     if any(c.kwargs["BLOCK_K"] >= 32 for c in fits_k):
         fits_k = [c for c in fits_k if c.kwargs["BLOCK_K"] >= 32]
     if any(c.kwargs["BLOCK_K"] >= 64 and k_waste(c_in, c.kwargs["BLOCK_K"]) == 0 for c in fits_k):
@@ -109,24 +123,34 @@ def _autotune_options() -> dict:
 
 
 def _tma_configs() -> list:
-    """The TMA kernel's tiles: BLOCK_M is fixed at 128 output pixels (a BH x BW patch chosen from
-    the width at launch); BLOCK_N and BLOCK_K as in `_configs`. The pre-hook gives the host-side
-    descriptors the tile's box shapes."""
+    """The TMA kernel's tiles: BLOCK_M output pixels as one BH x BW patch, BW chosen from the output
+    width at launch (`tma_width`), BLOCK_M 128 or 64; BLOCK_N and BLOCK_K as in `_configs`. The
+    pre-hook gives the host-side descriptors the tile's box shapes."""
     out = []
-    for bn, bk, warps, stages in ((128, 64, 8, 3), (64, 64, 4, 4), (256, 64, 8, 3), (128, 128, 8, 3), (64, 32, 4, 4),
-                                  (64, 16, 4, 3)):
-        out.append(triton.Config({"BLOCK_M": 128, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=warps,
-                                 num_stages=stages, pre_hook=_set_boxes))
+    for bm, tiles in (
+        (128, ((128, 64, 8, 3), (64, 64, 4, 4), (256, 64, 8, 3), (128, 128, 8, 3), (64, 32, 4, 4), (64, 16, 4, 3))),
+        (64, ((128, 64, 4, 4), (64, 64, 4, 4), (256, 64, 8, 3), (128, 128, 4, 3), (64, 32, 4, 4), (64, 16, 4, 3))),
+    ):
+        for bn, bk, warps, stages in tiles:
+            out.append(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=warps,
+                                     num_stages=stages, pre_hook=_set_boxes))
     return out
 
 
 def _prune_tma(configs, named_args, **kwargs):
-    """`_prune`, and rows of at most 128 bytes per box (the widest swizzled shared-memory row TMA
-    writes: BLOCK_K 64 in fp16, 128 in FP8)."""
+    """`_prune` over the tiles whose box rows take at most 128 bytes (the widest swizzled shared-memory
+    row TMA writes: BLOCK_K 64 in fp16, 128 in FP8) and whose patch is whole rows of BW pixels, one
+    row (BLOCK_M = BW) where there is such a tile: then the box lands in shared memory as the
+    [BLOCK_M, BLOCK_K] operand itself and the tensor cores read it in place, while a taller patch
+    is reshaped through registers first (seen in the kernel compiled for sm_90 by Triton 3.6 and 3.9)."""
     desc = kwargs.get("x_desc", named_args.get("x_desc"))
     width = desc.base.element_size() if desc is not None else 2
-    keep = _prune([c for c in configs if c.kwargs["BLOCK_K"] * width <= 128], named_args, **kwargs)
-    return keep or _prune(configs, named_args, **kwargs)
+    bw = kwargs.get("BW", named_args.get("BW")) or 128
+    rows = [c for c in configs if c.kwargs["BLOCK_M"] % bw == 0]
+    one_row = [c for c in rows if c.kwargs["BLOCK_M"] == bw]
+    rows = one_row or [c for c in rows if c.kwargs["BLOCK_M"] == 128] or rows
+    keep = _prune([c for c in rows if c.kwargs["BLOCK_K"] * width <= 128], named_args, **kwargs)
+    return keep or _prune(rows, named_args, **kwargs)
 
 
 def _set_boxes(nargs: dict) -> None:

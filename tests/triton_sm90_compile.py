@@ -1,0 +1,158 @@
+"""Compile the Triton convolution's kernels for Hopper (sm_90) on a machine without a GPU.
+
+Why: every tile the autotuner may pick for the engines' layer shapes has to compile for the GPU it
+runs on (FP8 tensor cores take K steps of 32; TMA boxes; shared memory within the H200's 227 KiB per
+block), and CI has no GPU. Given a target, Triton compiles to a cubin with the ptxas it ships; the
+launch-time specialisation (16-byte aligned pointers, integers that 16 divides) is restated here so
+the kernel compiled is the one a launch would build. The compiled IR also says whether the loads
+are pipelined and where the tensor cores read their operands.
+
+Run where ``TRITON_INTERPRET`` is unset (the tests' own process runs kernels in the interpreter):
+
+    python tests/triton_sm90_compile.py    # one JSON line per kernel compiled, then a summary line
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass
+
+import torch
+
+SM90_SHARED_BYTES = 232448  # the most shared memory one block may take on an H100/H200
+_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float8_e4m3fn: "fp8e4nv", torch.float32: "fp32"}
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    """One convolution call: input [batch, c_in, h, w] channels-last, a kh x kw kernel, zero padding."""
+
+    c_in: int
+    c_out: int
+    kh: int
+    kw: int
+    ph: int
+    pw: int
+    h: int
+    w: int
+    batch: int = 32
+    residual: bool = False
+
+    @property
+    def out_hw(self) -> tuple[int, int]:
+        return self.h + 2 * self.ph - self.kh + 1, self.w + 2 * self.pw - self.kw + 1
+
+
+#: The shapes that exercise each branch: MuseTalk's VAE decoder levels (512 channels at 32 and 64 wide,
+#: 128 at 256: TMA patches of 4, 1 and 1 rows; a 1x1 shortcut with the residual fused; a 2x2 phase conv,
+#: 65 wide: no TMA), and
+#: channel counts that leave a tap's last K step partly masked (Ditto's 16-, 48- and 144-channel layers).
+SHAPES = (
+    LayerShape(512, 512, 3, 3, 1, 1, 32, 32),
+    LayerShape(512, 512, 3, 3, 1, 1, 64, 64),
+    LayerShape(128, 128, 3, 3, 1, 1, 256, 256),
+    LayerShape(512, 256, 1, 1, 0, 0, 128, 128, residual=True),
+    LayerShape(512, 256, 2, 2, 1, 1, 64, 64),
+    LayerShape(16, 64, 3, 3, 1, 1, 64, 64),
+    LayerShape(48, 96, 3, 3, 1, 1, 64, 64),
+    LayerShape(144, 168, 7, 7, 3, 3, 64, 64, batch=8),
+)
+
+
+def _spec(value: int) -> list:
+    return [["tt.divisibility", 16]] if value % 16 == 0 else []
+
+
+def compile_layer(shape: LayerShape, dtype: torch.dtype, kernel: str, target_arch: int = 90) -> list[dict]:
+    """Compile every tile the autotuner would try for this call (after its pruning); one record each."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from newsstudio.accel import triton_conv as tc
+
+    tc.triton_available()
+    plain, _ = tc._kernels()[kernel]
+    oh, ow = shape.out_hw
+    scaled = dtype == torch.float8_e4m3fn
+    flags = dict(C_IN=shape.c_in, C_OUT=shape.c_out, KH=shape.kh, KW=shape.kw, PH=shape.ph, PW=shape.pw,
+                 HAS_BIAS=True, HAS_RES=shape.residual, SCALED=scaled)
+    x = torch.empty(1, 1, 1, shape.c_in, dtype=dtype)  # stands for the input in the pruning rules
+    out_type = "fp16"
+    if kernel == "tma":
+        bw = tc.tma_width(ow)
+        if bw is None:
+            return []
+        flags["BW"] = bw
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        desc = TensorDescriptor(x, [1, 1, 1, shape.c_in], [shape.c_in] * 3 + [1], [1, 1, 1, 8])
+        configs = tc._prune_tma(tc._tma_configs(), {"x_desc": desc}, **flags)
+        ints = {"NB": shape.batch, "OH": oh, "OW": ow}
+    else:
+        configs = tc._prune(tc._configs(), {"x_ptr": x}, **flags)
+        ints = {"M": shape.batch * oh * ow, "H": shape.h, "W": shape.w, "OH": oh, "OW": ow}
+    params = list(inspect.signature(plain.fn).parameters)
+    records = []
+    for config in configs:
+        meta = {**flags, **config.kwargs}
+        sig = {"bias_ptr": f"*{out_type}", "res_ptr": f"*{out_type}" if shape.residual else "*fp32",
+               "y_ptr": f"*{out_type}", "xs_ptr": "*fp32", "ws_ptr": "*fp32"}
+        if kernel == "tma":
+            bk, bm = meta["BLOCK_K"], meta["BLOCK_M"]
+            sig["x_desc"] = f"tensordesc<{_TYPES[dtype]}[1,{bm // bw},{bw},{bk}]>"
+            sig["w_desc"] = f"tensordesc<{_TYPES[dtype]}[{meta['BLOCK_N']},{bk}]>"
+        else:
+            sig["x_ptr"] = sig["w_ptr"] = f"*{_TYPES[dtype]}"
+        sig.update({name: "i32" for name in ints})
+        sig.update({name: "constexpr" for name in meta})
+        sig = {p: sig[p] for p in params}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, p in enumerate(params) if sig[p].startswith("*")}
+        attrs.update({(params.index(name),): _spec(value) for name, value in ints.items() if _spec(value)})
+        src = ASTSource(fn=plain, signature=sig, constexprs={(params.index(k),): v for k, v in meta.items()},
+                        attrs=attrs)
+        record = {"shape": [shape.c_in, shape.c_out, shape.kh, shape.kw, shape.h, shape.w], "dtype": _TYPES[dtype],
+                  "kernel": kernel, "tile": [meta["BLOCK_M"], meta["BLOCK_N"], meta["BLOCK_K"]],
+                  "warps": config.num_warps, "stages": config.num_stages}
+        try:
+            compiled = triton.compile(src, target=GPUTarget("cuda", target_arch, 32),
+                                      options={"num_warps": config.num_warps, "num_stages": config.num_stages})
+        except Exception as exc:  # noqa: BLE001 - reported per tile, the caller decides
+            record["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            records.append(record)
+            continue
+        ttgir = compiled.asm["ttgir"]
+        loop = ttgir[ttgir.find("scf.for"):]
+        record.update(
+            shared=compiled.metadata.shared,
+            async_loads=len(re.findall(r"async_copy_global_to_local|async_tma_copy_global_to_local", loop)),
+            tensor_core_ops=len(re.findall(r"warp_group_dot ", loop)),
+            operand_a_from_registers="dot_op<{opIdx = 0" in loop,
+        )
+        records.append(record)
+    return records
+
+
+def main() -> int:
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("unset TRITON_INTERPRET: this compiles for the GPU", file=sys.stderr)
+        return 2
+    failures = 0
+    count = 0
+    for shape in SHAPES:
+        for dtype in (torch.float16, torch.float8_e4m3fn):
+            for kernel in ("pointer", "tma"):
+                for record in compile_layer(shape, dtype, kernel):
+                    count += 1
+                    bad = "error" in record or record["shared"] > SM90_SHARED_BYTES or not record["async_loads"]
+                    failures += bad
+                    print(json.dumps(record), flush=True)
+    print(json.dumps({"compiled": count, "failures": failures}))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
