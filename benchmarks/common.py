@@ -154,8 +154,9 @@ def variant_list(spec: str | None) -> list[str] | None:
     return [v for v in (spec or "").split(",") if v] or None
 
 
-VARIANT_FLAGS = ("nchw", "cl", "nobench", "norw", "tf32", "notf32", "triton", "triton8")
-VARIANT_SYNTAX = "ACCEL[:nchw|:cl][:nobench][:norw][:tf32|:notf32][:triton|:triton8]"
+TRITON_FLAGS = {"triton": "half", "triton8": "fp8", "triton8s": "fp8-static"}  # variant flag -> triton_convs
+VARIANT_FLAGS = ("nchw", "cl", "nobench", "norw", "tf32", "notf32", *TRITON_FLAGS)
+VARIANT_SYNTAX = "ACCEL[:nchw|:cl][:nobench][:norw][:tf32|:notf32][:triton|:triton8|:triton8s]"
 
 
 def kernel_choices() -> dict[str, Any]:
@@ -171,12 +172,13 @@ def kernel_choices() -> dict[str, Any]:
 
 
 def parse_variant(spec: str) -> dict[str, Any]:
-    """`ACCEL[:nchw|:cl][:nobench][:norw][:tf32|:notf32][:triton|:triton8]` -> engine keywords: the accel
+    """`ACCEL[:nchw|:cl][:nobench][:norw][:tf32|:notf32][:triton|:triton8|:triton8s]` -> engine keywords: the accel
     mode, channels_last (':nchw' off, ':cl' on, else the engine's default), cudnn_benchmark
     (':nobench' off, else the default: on with CUDA), the engine's exact conv_rewrites (':norw' off),
     for Ditto its front end graphed with TF32 matmuls (':tf32') or in float32 (':notf32'; else the
     engine's default, TF32), and the render convolutions on the Triton kernel in half precision
-    (':triton') or FP8 (':triton8'; accel/igemm_conv.py). Each configuration gets its own copy of the weights
+    (':triton') or FP8 with input scales per call (':triton8') or fixed at build (':triton8s';
+    accel/igemm_conv.py). Each configuration gets its own copy of the weights
     (engines/model_cache.py)."""
     from newsstudio.accel import MODES
 
@@ -192,8 +194,9 @@ def parse_variant(spec: str) -> dict[str, Any]:
         kw["conv_rewrites"] = False
     if "tf32" in flags or "notf32" in flags:
         kw["front_end_tf32"] = "tf32" in flags
-    if "triton" in flags or "triton8" in flags:
-        kw["triton_convs"] = "fp8" if "triton8" in flags else "half"
+    triton = [TRITON_FLAGS[f] for f in flags if f in TRITON_FLAGS]
+    if triton:
+        kw["triton_convs"] = triton[-1]
     return kw
 
 

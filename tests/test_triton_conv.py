@@ -182,8 +182,13 @@ def test_fp8_static_scale_comes_from_calibration():
         assert torch.isfinite(got).all()
     ref = conv(small).detach().cpu()
     assert ((m(small).cpu() - ref).norm() / ref.norm()).item() < 6e-2
-    with pytest.raises(ValueError, match="calibration"):
-        with_triton_convs(conv, "fp8-static", DEVICE)
+    # an engine's headroom: the scale covers twice the largest input seen, so `big` / 2 still fits
+    assert calibrate_fp8_(net, lambda: net(small), headroom=2.0) == 1
+    torch.testing.assert_close(m.x_scale.cpu(), (2 * small.abs().amax() / E4M3_MAX).reshape(1).cpu())
+    with pytest.raises(ValueError, match="headroom"):
+        calibrate_fp8_(net, lambda: net(small), headroom=0.5)
+    mode, swapped = with_triton_convs(nn.Sequential(conv), "fp8-static", DEVICE)
+    assert mode == "fp8-static" and isinstance(swapped[0], TritonConv2d) and not swapped[0].calibrated
 
 
 def test_bad_calls_are_refused():
@@ -291,8 +296,9 @@ def test_engines_without_the_kernel_keep_cudnn(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     from newsstudio.engines.ditto.engine import DittoEngine
 
-    ditto = DittoEngine("cpu", weights="random", input_size=128, hubert_layers=2, steps=2, triton_convs="fp8")
-    assert ditto.triton_convs == "off"
+    for mode in ("fp8", "fp8-static"):  # fp8-static: nothing to calibrate either
+        ditto = DittoEngine("cpu", weights="random", input_size=128, hubert_layers=2, steps=2, triton_convs=mode)
+        assert ditto.triton_convs == "off"
     assert not any(isinstance(m, TritonConv2d) for net in (ditto._warp, ditto._decoder) for m in net.modules())
     from newsstudio.engines.musetalk.engine import TINY_VAE_CONFIG, MuseTalkEngine
 
@@ -364,8 +370,9 @@ def test_the_setting_reaches_neural_engines_and_bad_values_fail_early():
     assert engine_options("musetalk", "random", None, triton_convs="half")["triton_convs"] == "half"
     assert "triton_convs" not in engine_options("ditto", "random", None)
     assert engine_options("classic", "random", None, triton_convs="fp8") == {}
+    assert engine_options("ditto", "random", None, triton_convs="fp8-static")["triton_convs"] == "fp8-static"
     with pytest.raises(ValueError, match="triton-convs must be one of"):
-        engine_options("ditto", "random", None, triton_convs="fp8-static")  # needs calibration inputs: benchmarks only
+        engine_options("ditto", "random", None, triton_convs="int8")
     with pytest.raises(ValueError, match="triton-convs must be one of"):
         EnginePool("classic", torch.device("cpu"), "random", None, triton_convs="fast")
 
@@ -376,3 +383,28 @@ def test_a_cpu_tensor_without_the_interpreter_is_refused_clearly(monkeypatch):
     x = torch.randn(1, 16, 4, 4).contiguous(memory_format=torch.channels_last)
     with pytest.raises(ValueError, match="runs on CUDA"):
         conv2d_nhwc(x, torch.randn(16, 9 * 16), (3, 3), (1, 1))
+
+
+def test_engines_calibrate_fp8_on_the_builtin_portrait_the_same_way_every_time():
+    """fp8-static's sample inputs need no avatar: the built-in portrait (and its mirror image) through
+    the engine's own encoders, with silence and speech (MuseTalk) or seeded small motions (Ditto);
+    the same every time, so a render's FP8 scales do not depend on what ran before it."""
+    from newsstudio.engines.ditto.engine import DittoEngine
+    from newsstudio.engines.musetalk.engine import TINY_UNET_CONFIG, TINY_VAE_CONFIG, MuseTalkEngine
+
+    muse = MuseTalkEngine("cpu", weights="random", unet_config=TINY_UNET_CONFIG, vae_config=TINY_VAE_CONFIG)
+    latents, prompts = muse.calibration_batch(5)
+    assert latents.shape == (5, 8, 32, 32) and prompts.shape == (5, 50, 384) and torch.isfinite(latents).all()
+    assert not torch.equal(latents[0], latents[1]) and torch.equal(latents[0], latents[2])  # face, mirror, face...
+    torch.testing.assert_close(prompts[0], muse.idle_prompt().to(prompts))  # silence first, then speech
+    assert (prompts[1:] - prompts[:1]).abs().amax() > 0
+    again = muse.calibration_batch(5)
+    assert torch.equal(again[0], latents) and torch.equal(again[1], prompts)
+    with torch.inference_mode():
+        assert muse._faces(latents[:2], prompts[:2]).shape == (2, 3, 256, 256)
+
+    ditto = DittoEngine("cpu", weights="random", input_size=128, hubert_layers=2, steps=2)
+    f_s, x_s, x_d = ditto.calibration_batch(4)
+    assert f_s.shape == (4, 32, 16, 32, 32) and x_s.shape == x_d.shape == (4, 21, 3)
+    assert torch.equal(x_d[0], x_s[0]) and 0 < (x_d - x_s).abs().amax() < x_s.abs().amax()
+    assert all(torch.equal(a, b) for a, b in zip(ditto.calibration_batch(4), (f_s, x_s, x_d)))

@@ -37,11 +37,13 @@ from .shared_copy import shared_copy
 from .triton_conv import K_ALIGN, KERNELS, conv2d_nhwc, interpreting, tma_available, tma_fits, triton_available
 from .upsample_conv import PhaseUpsampleConv
 
-__all__ = ["ENGINE_TRITON_CONV_MODES", "TRITON_CONV_MODES", "TritonConv2d", "calibrate_fp8_", "convert_convs_to_triton_", "eligible_conv", "pack_weight",
+__all__ = ["ENGINE_FP8_HEADROOM", "TRITON_CONV_MODES", "TritonConv2d", "calibrate_fp8_", "convert_convs_to_triton_", "eligible_conv", "pack_weight",
            "slot_padding", "triton_conv_supported", "with_triton_convs"]
 
 TRITON_CONV_MODES = ("off", "half", "fp8", "fp8-static")
-ENGINE_TRITON_CONV_MODES = TRITON_CONV_MODES[:3]  # an engine has no calibration inputs for fp8-static
+#: fp8-static's scale covers this many times the largest input seen while calibrating (one binade of
+#: e4m3's range given up so that a brighter face than the calibration's does not saturate).
+ENGINE_FP8_HEADROOM = 2.0
 log = logging.getLogger(__name__)
 MIN_OUT_CHANNELS = 16  # narrower outputs (RGB heads) fill no tensor-core tile: cuDNN keeps them
 MIN_IN_CHANNELS = 16  # a narrower input (an RGB or latent stem) is a K too short for a tensor-core step
@@ -184,10 +186,13 @@ class TritonConv2d(nn.Module):
                               out_dtype, self.kernel)
 
 
-def calibrate_fp8_(module: nn.Module, run: Callable[[], object]) -> int:
+def calibrate_fp8_(module: nn.Module, run: Callable[[], object], headroom: float = 1.0) -> int:
     """Fix the input scale of every ``"fp8-static"`` `TritonConv2d` in ``module`` from the largest
-    input it sees while ``run()`` (sample forwards; dynamically scaled meanwhile) executes; returns
-    how many were calibrated. Run it eagerly, before compiling or capturing a graph."""
+    input it sees while ``run()`` (sample forwards; dynamically scaled meanwhile) executes, times
+    ``headroom``; returns how many were calibrated. Run it eagerly, before compiling or capturing a
+    graph."""
+    if not headroom >= 1.0:
+        raise ValueError(f"headroom must be >= 1, got {headroom!r}")
     convs = [m for m in module.modules() if isinstance(m, TritonConv2d) and m.mode == "fp8-static"]
     for m in convs:
         m._amax = torch.zeros((), device=m.packed.device)
@@ -197,7 +202,7 @@ def calibrate_fp8_(module: nn.Module, run: Callable[[], object]) -> int:
         for m in convs:
             if not bool(m._amax > 0):
                 raise RuntimeError("calibration saw no input (or only zeros) for an fp8-static convolution")
-            scale = (m._amax / E4M3_MAX).reshape(1)
+            scale = (m._amax * headroom / E4M3_MAX).reshape(1)
             m.x_scale.copy_(scale)
             m.x_inv_scale.copy_(1.0 / scale)
             m.calibrated = True
@@ -252,17 +257,17 @@ def with_triton_convs(module: nn.Module, mode: str, device: torch.device | str, 
     weights; the caller's network, which other engines and the reference pipelines share, keeps
     its convs) unless ``copied`` says ``module`` is already the engine's own copy. Where the kernel
     cannot run (CPU, no Triton; FP8 below compute capability 8.9) the module is returned as it is
-    and the mode is ``"off"``, said once in the log."""
+    and the mode is ``"off"``, said once in the log. ``"fp8-static"``: the caller calibrates the
+    returned module (`calibrate_fp8_`) before it runs."""
     if mode not in TRITON_CONV_MODES:
         raise ValueError(f"triton_convs must be one of {TRITON_CONV_MODES}, got {mode!r}")
     if mode == "off":
         return mode, module
     device = torch.device(device)
-    if mode == "fp8-static":
-        raise ValueError("fp8-static needs calibration inputs: use convert_convs_to_triton_ and calibrate_fp8_")
-    if not triton_conv_supported(device) or (mode == "fp8" and not fp8_supported(device) and not interpreting()):
+    fp8 = mode != "half"
+    if not triton_conv_supported(device) or (fp8 and not fp8_supported(device) and not interpreting()):
         log.warning("Triton convolutions (%s) cannot run on %s (%s): cuDNN keeps them", mode, device,
-                    "no triton" if not triton_available() else "needs CUDA" + (" with compute capability >= 8.9" if mode == "fp8" else ""))
+                    "no triton" if not triton_available() else "needs CUDA" + (" with compute capability >= 8.9" if fp8 else ""))
         return "off", module
     out = module if copied else shared_copy(module)
     convert_convs_to_triton_(out, mode)

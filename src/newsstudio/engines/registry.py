@@ -81,10 +81,10 @@ def engine_options(name: str, weights: str, models: str | os.PathLike[str] | Non
 
 def check_triton_convs(mode: str) -> str:
     """A ``--triton-convs`` value an engine takes (fp8-static needs calibration inputs: benchmarks only)."""
-    from ..accel.igemm_conv import ENGINE_TRITON_CONV_MODES
+    from ..accel.igemm_conv import TRITON_CONV_MODES
 
-    if mode not in ENGINE_TRITON_CONV_MODES:
-        raise ValueError(f"triton-convs must be one of {', '.join(ENGINE_TRITON_CONV_MODES)}, got {mode!r}")
+    if mode not in TRITON_CONV_MODES:
+        raise ValueError(f"triton-convs must be one of {', '.join(TRITON_CONV_MODES)}, got {mode!r}")
     return mode
 
 

@@ -58,7 +58,7 @@ import numpy as np
 import torch
 
 from ...accel.host_copy import tensor_on, to_device
-from ...accel.igemm_conv import with_triton_convs
+from ...accel.igemm_conv import ENGINE_FP8_HEADROOM, calibrate_fp8_, with_triton_convs
 from ...accel.precision import to_channels_last_
 from ...accel.settings import resolve_accel
 from ...accel.static import BucketedRunner, render_buckets
@@ -315,8 +315,10 @@ class DittoEngine(Engine):
     of the badly shaped 3-D convs, phase convolutions instead of upsample + conv, stacked same-input
     convs; equal up to rounding; the shared plain networks stay as loaded).
     ``triton_convs``: warp's and decoder's 2-D convolutions by the Triton implicit-GEMM kernel
-    (accel/igemm_conv.py) in half precision (``"half"``) or FP8 (``"fp8"``), or by cuDNN (``"off"``,
-    the default until the kernel is measured to pay on the GPU); CUDA only.
+    (accel/igemm_conv.py) in half precision (``"half"``), in FP8 (Hopper+) with each input's scale
+    from its amax on every call (``"fp8"``) or fixed once when the engine is built (``"fp8-static"``:
+    from the built-in portrait driven by seeded small motions, with 2x headroom), or by cuDNN
+    (``"off"``, the default until the kernel is measured to pay on the GPU); CUDA only.
     ``stride``: warp + decode every ``stride``-th frame only and interpolate the frames between
     (``stride_mode``: how; see stride.py); 1 = dense.
     ``front_end_tf32``: HuBERT's and the LMDM's CUDA graphs captured with TF32 matmuls (their
@@ -402,6 +404,9 @@ class DittoEngine(Engine):
         #: shared by the streams of a server (`use_motion_batcher`): their LMDM windows sample in one batch
         self.motion_batcher: MotionBatcher | None = None
         self._lock = threading.RLock()
+        if self.triton_convs == "fp8-static":
+            nets = torch.nn.ModuleList([self._warp, self._decoder])
+            calibrate_fp8_(nets, lambda: self._crops(*self.calibration_batch()), ENGINE_FP8_HEADROOM)
 
     @property
     def file_block_s(self) -> float:
@@ -625,6 +630,25 @@ class DittoEngine(Engine):
             self.motion_batcher = MotionBatcher(self.models.lmdm, steps=int(self.config.steps), max_windows=max_windows,
                                                 accel=self.front_end_accel, own_stream=own_stream, tf32=self.front_end_tf32)
         return self.motion_batcher
+
+    def calibration_batch(self, n: int = 8) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``_crops`` inputs with no avatar at hand: the built-in portrait (and its mirror image) through
+        this engine's appearance and motion extractors, driven by its own keypoints and by ``n - 1``
+        seeded small displacements of them (a face in motion): the activations a real render sees,
+        for fixing FP8 scales."""
+        from ...builtin import builtin_face_crop
+
+        face = builtin_face_crop(self.config.input_size, scale=2.0)
+        x = torch.from_numpy(np.stack([face, face[:, ::-1]])).to(self.device).permute(0, 3, 1, 2).float() / 255.0
+        dtype = self.models.dtype
+        with torch.inference_mode(), torch.autocast(self.device.type, dtype=dtype, enabled=dtype != torch.float32):
+            f_s = self.models.appearance(x.to(dtype))
+            info = {k: v.float().reshape(2, -1) for k, v in zip(INFO_KEYS, self.models.motion(x.to(dtype)))}
+        pick = torch.arange(n, device=self.device) % 2
+        x_s = transform_info(info).to(torch.float32).index_select(0, pick)
+        moves = torch.randn(x_s.shape, generator=torch.Generator().manual_seed(0)).to(self.device)
+        moves[0] = 0.0  # the first frame at rest
+        return f_s.index_select(0, pick).to(self.dtype), x_s, x_s + moves * (0.05 * x_s.std())
 
     def warm_up(self) -> float:
         """Compile (with a compile mode) and capture warp + decoder, HuBERT and the LMDM sampler for

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...accel.igemm_conv import with_triton_convs
+from ...accel.igemm_conv import ENGINE_FP8_HEADROOM, calibrate_fp8_, with_triton_convs
 from ...accel.precision import to_channels_last_
 from ...accel.settings import resolve_accel
 from ...accel.static import BucketedRunner, render_buckets
@@ -49,7 +49,7 @@ from .audio_features import (SAMPLE_RATE, PositionalEncoding, StatesFn, Streamin
                              encoder_hidden_states, log_mel)
 from .prebake import (PrebakeOptions, box_grid_axes, grid_from_axes, prebake_mismatch, prebake_musetalk,
                       resize_with_grid, vae_fingerprint)
-from .vae import scaling_factor_of
+from .vae import latents_for_unet, scaling_factor_of
 from .weights import (
     UNET_CONFIG,
     VAE_CONFIG,
@@ -235,7 +235,9 @@ class MuseTalkEngine(Engine):
     nearest-2x + 3x3-conv pairs computed as 2x2 phase convolutions (accel/upsample_conv.py: 97 of
     its 622 GFLOP per frame saved, equal up to rounding; the shared VAE itself stays as loaded);
     ``triton_convs``: the VAE decoder's convolutions by the Triton implicit-GEMM kernel
-    (accel/igemm_conv.py) in the engine's half precision (``"half"``) or FP8 (``"fp8"``, Hopper+),
+    (accel/igemm_conv.py) in the engine's half precision (``"half"``), in FP8 (Hopper+) with each
+    input's scale from its amax on every call (``"fp8"``) or fixed once when the engine is built
+    (``"fp8-static"``: from the built-in portrait rendered with silence and speech, with 2x headroom),
     or by cuDNN (``"off"``, the default until the kernel is measured to pay on the GPU); CUDA only.
     """
 
@@ -323,6 +325,8 @@ class MuseTalkEngine(Engine):
         self._idle: torch.Tensor | None = None
         self._layers: OrderedDict[str, AvatarLayer] = OrderedDict()  # a few avatars stay resident (server)
         self._lock = threading.RLock()
+        if self.triton_convs == "fp8-static":
+            calibrate_fp8_(self._vae_decoder, lambda: self._faces(*self.calibration_batch()), ENGINE_FP8_HEADROOM)
 
     # -- prebake ----------------------------------------------------------------------------
     def weights_meta(self) -> dict[str, Any]:
@@ -442,6 +446,22 @@ class MuseTalkEngine(Engine):
         decoded = self._vae_decoder(self._post_quant_conv(pred * self._scale))  # AutoencoderKL.decode, untiled
         # the official decode_latents: (x/2 + 0.5).clamp(0, 1) in the model dtype, then float32 * 255, rounded
         return torch.round((decoded / 2 + 0.5).clamp(0, 1).float() * 255.0)
+
+    def calibration_batch(self, n: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_faces`` inputs with no avatar at hand: the built-in portrait's face (and its mirror image)
+        through this engine's VAE, with the prompts of silence and of ``n - 1`` frames of the built-in
+        speech: the activations a real render sees, for fixing FP8 scales."""
+        from ...builtin import builtin_audio, builtin_face_crop
+        from ...media.audio import load_audio
+
+        face = builtin_face_crop(256)
+        faces = np.stack([face, face[:, ::-1]])
+        latents = latents_for_unet(self.models.vae, faces, channel_order="rgb")
+        speech = load_audio(builtin_audio("builtin:hello")).mono().resampled(SAMPLE_RATE).samples[0]
+        spoken = audio_prompts(self.models.whisper_encoder, speech, 25)
+        picks = torch.linspace(0, spoken.shape[0] - 1, n - 1).round().long().to(spoken.device)
+        prompts = torch.cat([self.idle_prompt()[None].to(spoken.device, spoken.dtype), spoken.index_select(0, picks)])
+        return latents.repeat(-(-n // 2), 1, 1, 1)[:n], prompts.to(self.device, self.dtype)
 
     def warm_up(self) -> float:
         """Compile (with a compile mode) and capture UNet + decode and Whisper for every batch bucket."""
