@@ -44,6 +44,7 @@ import torch
 
 from .accel.host_copy import to_host
 from .audio.source import as_fraction, frame_sample, frames_for_samples
+from .audio.speech import MIN_SPEECH_S, speech_seconds
 from .avatar.packet import Packet
 from .compose.colour import nv12_to_rgb
 from .engines.base import AvatarLayer, Engine
@@ -167,28 +168,7 @@ class MediaClock:
 # speech analysis
 
 
-def speech_seconds(samples: np.ndarray, sample_rate: int, threshold_dbfs: float = -45.0) -> float:
-    """Seconds of audio whose speech band (300-3400 Hz) is louder than `threshold_dbfs`.
-
-    Cheap and deterministic: 20 ms windows, band energy from an FFT. Used to refuse uploads
-    that hold no speech (silence, DC, rumble) with a clear message instead of a silent clip."""
-    x = np.asarray(samples, np.float32)
-    if x.ndim == 2:
-        x = x.mean(axis=0)
-    win = max(16, int(sample_rate * 0.02))
-    n = x.size // win
-    if n == 0:
-        return 0.0
-    frames = x[: n * win].reshape(n, win)
-    spec = np.abs(np.fft.rfft(frames * np.hanning(win).astype(np.float32), axis=1)) ** 2
-    freqs = np.fft.rfftfreq(win, 1.0 / sample_rate)
-    band = (freqs >= 300) & (freqs <= 3400)
-    norm = float(np.sum(np.hanning(win) ** 2)) * win / 2
-    level = 10 * np.log10(spec[:, band].sum(axis=1) / norm + 1e-12)
-    return float((level > threshold_dbfs).sum() * win / sample_rate)
-
-
-def has_speech(samples: np.ndarray, sample_rate: int, min_seconds: float = 0.1) -> bool:
+def has_speech(samples: np.ndarray, sample_rate: int, min_seconds: float = MIN_SPEECH_S) -> bool:
     return speech_seconds(samples, sample_rate) >= min_seconds
 
 

@@ -7,11 +7,10 @@ import os
 import uuid
 from pathlib import Path
 
-import numpy as np
 from fastapi import HTTPException, UploadFile
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..live import speech_seconds
+from ..audio.speech import require_speech
 from ..media.audio import Audio, load_audio
 from ..media.errors import MediaError
 
@@ -135,16 +134,9 @@ def decode_speech(data: bytes, name: str) -> tuple[Audio, float]:
         raise HTTPException(422, f"{name}: the uploaded file is empty (0 bytes)")
     try:
         audio = load_audio(data)
+        return audio, require_speech(audio, name)
     except MediaError as e:
         raise HTTPException(422, f"{name}: {e.reason}") from None
-    if audio.num_samples == 0:
-        raise HTTPException(422, f"{name}: the audio holds no samples")
-    if not np.isfinite(audio.samples).all():
-        raise HTTPException(422, f"{name}: the audio holds invalid (NaN/inf) samples")
-    speech = speech_seconds(audio.samples, audio.sample_rate)
-    if speech < 0.1:
-        raise HTTPException(422, f"{name}: no speech found in the audio ({audio.duration_s:.2f} s of silence or noise below -45 dBFS in the speech band)")
-    return audio, speech
 
 
 def move_aside(path: Path) -> Path:
