@@ -83,3 +83,13 @@ def shifted_video_packet(src, dest, shifts):
         wr.add("landmarks68", np.stack(lms))
         wr.add("mesh", np.stack(meshes))
         return wr.commit()
+
+
+def assert_user_error(result, *needles: str) -> str:
+    """A CLI result that reports a user mistake the way every command does: exit status 2 and
+    one `error: ...` line holding each of `needles`, no traceback. Returns that line."""
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit) and "Traceback" not in result.output, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and all(n in errors[0] for n in needles), result.output
+    return errors[0]

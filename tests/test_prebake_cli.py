@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from conftest import media_path
+from conftest import assert_user_error, media_path
 from newsstudio.avatar.landmarks_io import load_faces, save_faces
 from newsstudio.avatar.packet import open_packet
 from newsstudio.avatar.prebake import prebake
@@ -77,3 +77,63 @@ def test_precomputed_landmarks_give_the_same_packet(tmp_path, astronaut_packet):
     b = prebake(src, "b", root=tmp_path, progress=False, faces=load_faces(tmp_path / "faces.npz"))
     for name in a.names():
         assert np.array_equal(a.array(name), b.array(name)), name
+
+
+@pytest.fixture
+def photo(astronaut_packet):
+    return next(astronaut_packet.path.parent.glob("*.png"))
+
+
+def _left_in(root) -> list[str]:
+    """Everything a prebake left under the avatars folder (packets, temp folders), bar the cached builtin sources."""
+    return sorted(p.name for p in root.iterdir() if p.name != ".sources") if root.exists() else []
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--engines", "foo"], "unknown engine 'foo'"),
+    (["--engines", "musetalk", "--models", "{tmp}/models"], "musetalk.json is missing"),
+    (["--engines", "musetalk", "--weights", "bogus"], "weights must be 'official' or 'random', got 'bogus'"),
+    (["--fit", "stretch"], "fit must be 'cover' or 'contain', got 'stretch'"),
+    (["--fit", "stretch", "--size", "64x64"], "fit must be 'cover' or 'contain', got 'stretch'"),
+])
+def test_bad_engines_weights_or_fit_leave_no_packet(tmp_path, photo, args, needle):
+    (tmp_path / "models").mkdir()
+    root = tmp_path / "av"
+    args = [a.format(tmp=tmp_path) for a in args]
+    r = runner.invoke(app, ["prebake", str(photo), "--id", "p", "--avatars", str(root), *args])
+    assert_user_error(r, needle)
+    assert "prebake:" not in r.output, "refused before any work (no progress bar)"
+    assert _left_in(root) == []
+    r = runner.invoke(app, ["avatar", "list", "--avatars", str(root)])
+    assert "no avatars" in r.output, r.output
+
+
+def test_an_engine_failing_after_the_packet_is_written_removes_only_a_new_packet(tmp_path, photo, monkeypatch):
+    from newsstudio.engines.classic.engine import ClassicEngine
+
+    root = tmp_path / "av"
+    assert runner.invoke(app, ["prebake", str(photo), "--id", "old", "--avatars", str(root)]).exit_code == 0
+
+    def failing(self, packet, progress=True):
+        raise ValueError("engine prebake failed")
+
+    monkeypatch.setattr(ClassicEngine, "prebake", failing)
+    r = runner.invoke(app, ["prebake", str(photo), "--id", "new", "--avatars", str(root), "--engines", "classic"])
+    assert_user_error(r, "engine prebake failed")
+    assert _left_in(root) == ["old"]
+    r = runner.invoke(app, ["prebake", str(photo), "--id", "old", "--avatars", str(root), "--engines", "classic", "--replace"])
+    assert_user_error(r, "engine prebake failed")
+    assert _left_in(root) == ["old"] and open_packet(root / "old").n_frames == 1, "a packet that existed is never removed"
+
+
+def test_an_existing_id_is_refused_unless_replace(tmp_path, photo):
+    root = tmp_path / "av"
+    args = ["prebake", str(photo), "--id", "p", "--avatars", str(root)]
+    assert runner.invoke(app, args).exit_code == 0
+    made = open_packet(root / "p").manifest["created_unix"]
+    r = runner.invoke(app, [*args, "--size", "64x64"])
+    assert_user_error(r, "avatar 'p' already exists", "--replace")
+    assert open_packet(root / "p").manifest["created_unix"] == made and open_packet(root / "p").size != (64, 64)
+    r = runner.invoke(app, [*args, "--size", "64x64", "--replace"])
+    assert r.exit_code == 0, r.output
+    assert open_packet(root / "p").size == (64, 64) and _left_in(root) == ["p"]

@@ -4,8 +4,13 @@ from __future__ import annotations
 import math
 
 import av
+import numpy as np
+import pytest
+import torch
 from typer.testing import CliRunner
 
+from conftest import assert_user_error
+from newsstudio.avatar.packet import iter_packets
 from newsstudio.builtin import builtin_audio
 from newsstudio.cli import app
 from newsstudio.media.audio import load_audio
@@ -118,3 +123,135 @@ def test_sigterm_mid_render_leaves_no_partial_file(tmp_path, astronaut_packet):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 143
     assert sorted(p.name for p in tmp_path.iterdir()) == ["long.wav"]
+
+
+def _wav(path, samples: np.ndarray, rate: int = 16000):
+    from scipy.io import wavfile
+
+    wavfile.write(path, rate, samples)
+    return path
+
+
+@pytest.fixture
+def stream_error_cases(tmp_path):
+    """`stream` arguments a new user gets wrong -> the words their error line must hold."""
+    from PIL import Image
+
+    Image.fromarray(np.full((128, 128, 3), 90, np.uint8)).save(tmp_path / "wall.png")
+    (tmp_path / "broken.wav").write_bytes(b"RIFF\x00\x00\x00\x00WAVEgarbage")
+    (tmp_path / "models").mkdir()
+    return {
+        "no such avatar": (["--avatar", "nosuch"], ["no avatar 'nosuch'"]),
+        "no face": (["--avatar", str(tmp_path / "wall.png")], ["no face found in wall.png"]),
+        "missing audio": (["--audio", str(tmp_path / "nowhere.wav")], ["nowhere.wav", "no such file"]),
+        "corrupt audio": (["--audio", str(tmp_path / "broken.wav")], ["broken.wav"]),
+        "unknown engine": (["--engine", "bogus"], ["unknown engine 'bogus'"]),
+        "bad output": (["--output", "yuv"], ["output must be 'nv12' or 'rgb'"]),
+        "zero fps": (["--fps", "0"], ["fps must be positive"]),
+        "zero chunk": (["--chunk", "0"], ["chunk_frames must be >= 1"]),
+        "no weights": (["--engine", "musetalk", "--models", str(tmp_path / "models")], ["musetalk.json is missing"]),
+    }
+
+
+@pytest.mark.parametrize("case", ["no such avatar", "no face", "missing audio", "corrupt audio", "unknown engine",
+                                  "bad output", "zero fps", "zero chunk", "no weights"])
+def test_stream_reports_user_errors_in_one_line_like_render(tmp_path, astronaut_packet, stream_error_cases, case):
+    args, needles = stream_error_cases[case]
+    base = {"--avatar": str(astronaut_packet.path), "--audio": "builtin:hello"}
+    for flag in base.keys() & set(args):
+        del base[flag]
+    av = tmp_path / "av"
+    r = CliRunner().invoke(app, ["stream", *(x for kv in base.items() for x in kv), *args, "--avatars", str(av), "--device", "cpu"])
+    assert_user_error(r, *needles)
+    assert not list(iter_packets(av)), "a failed stream must not leave an avatar behind"
+
+
+def test_stream_options_have_help():
+    r = CliRunner().invoke(app, ["stream", "--help"], terminal_width=200)
+    text = " ".join(r.output.replace("│", " ").split())
+    assert "builtin:astronaut" in text and "--allow-silence" in text
+    for flag in ("--engine", "--fps", "--chunk", "--device", "--weights"):
+        after = text.split(flag, 1)[1].split("--", 1)[0]  # the words between this option and the next
+        assert len(after.split()) > 2, f"{flag} has no help text: {after!r}"
+
+
+def test_render_to_a_folder_is_refused_before_rendering(tmp_path, astronaut_packet):
+    out = tmp_path / "clips"
+    out.mkdir()
+    r = CliRunner().invoke(app, ["render", "--avatar", str(astronaut_packet.path), "--audio", "builtin:hello", "-o", str(out), "--device", "cpu"])
+    assert_user_error(r, str(out), "is a folder")
+    assert "render classic" not in r.output, "refused before rendering"
+    assert [p.name for p in tmp_path.iterdir()] == ["clips"] and not list(out.iterdir())
+
+
+def test_output_taken_by_a_folder_while_rendering_leaves_no_partial_file(tmp_path, astronaut_packet, monkeypatch):
+    """The final rename fails (the name became a folder meanwhile): a clear error, exit 2, and the
+    finished temp file is removed, not left as .NAME.*.partial.mp4 beside the output."""
+    import newsstudio.stream
+
+    out = tmp_path / "x.mp4"
+    real = newsstudio.stream.stream_generator
+
+    def racing(*args, **kwargs):
+        yield from real(*args, **kwargs)
+        out.mkdir()  # another program takes the name while the clip is finished
+
+    monkeypatch.setattr(newsstudio.stream, "stream_generator", racing)
+    r = CliRunner().invoke(app, ["render", "--avatar", str(astronaut_packet.path), "--audio", "builtin:hello", "-o", str(out), "--device", "cpu"])
+    assert_user_error(r, str(out), "cannot move the finished file into place")
+    assert [p.name for p in tmp_path.iterdir()] == ["x.mp4"] and out.is_dir() and not list(out.iterdir())
+
+
+def test_an_error_mid_render_starts_on_a_fresh_line_after_the_progress_bar(tmp_path, astronaut_packet, monkeypatch):
+    import newsstudio.stream
+
+    real = newsstudio.stream.stream_generator
+
+    def choking(*args, **kwargs):
+        for ch in real(*args, **kwargs):
+            yield ch
+            raise ValueError("the engine choked")
+
+    monkeypatch.setattr(newsstudio.stream, "stream_generator", choking)
+    out = tmp_path / "x.mp4"
+    r = CliRunner().invoke(app, ["render", "--avatar", str(astronaut_packet.path), "--audio", "builtin:hello", "-o", str(out), "--device", "cpu"])
+    assert_user_error(r, "the engine choked")
+    before = r.output[: r.output.index("error: ")]
+    assert "render classic" in before and before.endswith("\n"), repr(before[-120:])
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("port", ["99999", "0"])
+def test_serve_refuses_a_port_out_of_range(port):
+    r = CliRunner().invoke(app, ["serve", "--port", port, "--compose", "gpu"])  # (--compose gpu: never starts)
+    assert r.exit_code == 2 and "--port" in r.output and "compose" not in r.output, r.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("command", ["render", "stream"])
+def test_an_unavailable_device_is_a_clear_error(tmp_path, astronaut_packet, command):
+    out = tmp_path / "x.mp4"
+    args = ["-o", str(out)] if command == "render" else []
+    r = CliRunner().invoke(app, [command, "--avatar", str(astronaut_packet.path), "--audio", "builtin:hello", *args, "--device", "cuda"])
+    assert_user_error(r, "device 'cuda' is not available", "without CUDA")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["render", "stream"])
+def test_silent_audio_is_refused_unless_allowed(tmp_path, astronaut_packet, command):
+    """Like the HTTP API (422 "no speech found"): a silent wav is almost always the wrong file."""
+    silent = _wav(tmp_path / "silent.wav", np.zeros(8000, np.int16))
+    out = tmp_path / "x.mp4"
+    args = [command, "--avatar", str(astronaut_packet.path), "--audio", str(silent), "--device", "cpu"]
+    args += ["-o", str(out)] if command == "render" else []
+    r = CliRunner().invoke(app, args)
+    assert_user_error(r, "silent.wav", "no speech found in the audio", "-45 dBFS", "--allow-silence")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["silent.wav"]
+    r = CliRunner().invoke(app, [*args, "--allow-silence"])
+    assert r.exit_code == 0, r.output
+    assert out.is_file() if command == "render" else "13 frames" in r.output
+
+
+def test_weights_check_help_says_it_exits_1_when_weights_are_missing():
+    r = CliRunner().invoke(app, ["weights", "check", "--help"], terminal_width=200)
+    assert "exit status 1 when any is missing" in " ".join(r.output.replace("│", " ").split()), r.output

@@ -4,10 +4,17 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    import torch
+
+    from .media.audio import Audio
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Lip-synced talking-head video from an avatar and speech.")
 avatar_app = typer.Typer(no_args_is_help=True, help="Inspect and check avatar packets.")
@@ -42,9 +49,36 @@ def _unwind_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, unwind)
 
 
+def _close_progress_bars() -> None:
+    """End every live tqdm bar (prebake stages, engine prebake, render): a bar's last redraw ends
+    in '\r', not a newline, so text printed after it would be glued onto the bar's line."""
+    tqdm_std = sys.modules.get("tqdm.std")  # not imported: no bar was ever shown
+    if tqdm_std is not None:
+        for bar in list(tqdm_std.tqdm._instances):
+            bar.close()
+
+
 def _fail(msg: str) -> None:
+    _close_progress_bars()
     typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
+
+
+#: What a user's mistake raises: ValueError covers PacketError (no such avatar), MediaError
+#: (missing, corrupt or silent audio; an output that cannot be written), NoFaceError and bad
+#: engine options; FileNotFoundError covers missing sources and missing model weights (the
+#: engines' *WeightsMissing errors). Anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, FileNotFoundError)
+
+
+@contextmanager
+def _user_errors() -> Iterator[None]:
+    """Turn a user mistake inside the block into one `error: ...` line and exit status 2, the
+    way every command reports it (not a traceback and exit status 1)."""
+    try:
+        yield
+    except USER_ERRORS as e:
+        _fail(str(e))
 
 
 @app.command()
@@ -56,22 +90,23 @@ def prebake(
     max_frames: int = typer.Option(750, help="Use at most this many frames of a video loop."),
     engines: str = typer.Option("", help="Also precompute engine tensors, e.g. musetalk,ditto."),
     weights: str = typer.Option("official", help="Weights for engine tensors: official or random."),
+    replace: bool = typer.Option(False, "--replace", help="Rebuild the avatar if one of that id exists (else refused)."),
     models: Optional[Path] = ModelsOpt,
     avatars: Optional[Path] = AvatarsOpt,
 ) -> None:
-    """Build an avatar packet (atomic; progress on stderr)."""
+    """Build an avatar packet (atomic, and nothing is left behind on failure; progress on stderr)."""
     _unwind_on_sigterm()
     from .avatar.prebake import prebake as run
+    from .avatar.store import avatars_root, packet_dir
     from .builtin import builtin_image, is_builtin
-    from .avatar.store import avatars_root
 
-    src = builtin_image(source, avatars_root(avatars) / ".sources") if is_builtin(source) else Path(source)
     t0 = time.perf_counter()
-    try:
-        eng = [e for e in engines.split(",") if e]
+    with _user_errors():
+        if packet_dir(id, avatars).exists() and not replace:
+            _fail(f"avatar {id!r} already exists under {avatars_root(avatars)}; pass --replace to rebuild it")
+        src = builtin_image(source, avatars_root(avatars) / ".sources") if is_builtin(source) else Path(source)
+        eng = [e.strip() for e in engines.split(",") if e.strip()]
         packet = run(src, id, root=avatars, size=_size(size), fit=fit, max_frames=max_frames, engines=eng, engine_kwargs={"weights": weights, "models": models})
-    except (ValueError, FileNotFoundError) as e:
-        _fail(str(e))
     typer.echo(f"avatar {packet.id}: {packet.n_frames} frames {packet.size[0]}x{packet.size[1]} -> {packet.path} ({time.perf_counter() - t0:.1f} s)")
 
 
@@ -145,18 +180,41 @@ AccelOpt = typer.Option("auto", help="How neural networks run on CUDA: auto (ren
                         "eager, cudagraph, compile, compile+cudagraph (about 2x faster; compiles ~1.5 min once, cached on disk).")
 
 
-def _engine(engine: str, device: Optional[str], weights: str, models: Optional[Path], accel: str = "auto",
+AvatarOpt = typer.Option(..., help="Avatar id, packet folder, source video/photo, or builtin:astronaut.")
+AudioOpt = typer.Option(..., help="Speech file (wav/mp3/m4a/flac/...), or builtin:hello.")
+EngineOpt = typer.Option("auto", help="classic, musetalk, ditto, or auto (first neural engine with weights, else classic).")
+FpsOpt = typer.Option(25.0, help="Output frame rate.")
+DeviceOpt = typer.Option(None, help="cpu, cuda, cuda:1 ... (default: cuda if available).")
+WeightsOpt = typer.Option("official", help="official (from --models) or random (seeded; benchmarks only).")
+AllowSilenceOpt = typer.Option(False, "--allow-silence", help="Render audio without speech (a silent presenter) "
+                               "instead of refusing it as the wrong file.")
+
+
+def _load_speech(audio: str, allow_silence: bool) -> Audio:
+    """The audio to render (a file or builtin:NAME). Audio without speech is refused, as the HTTP
+    API refuses it, unless --allow-silence: a silent presenter is almost always the wrong file."""
+    from .audio.speech import NoSpeechError, require_speech
+    from .builtin import builtin_audio, is_builtin
+    from .media.audio import load_audio
+
+    path = builtin_audio(audio) if is_builtin(audio) else Path(audio)
+    sound = load_audio(path)
+    if not allow_silence:
+        try:
+            require_speech(sound, path)
+        except NoSpeechError as e:
+            raise NoSpeechError(path, f"{e.reason}; pass --allow-silence to render it anyway") from None
+    return sound
+
+
+def _engine(engine: str, device: torch.device, weights: str, models: Optional[Path], accel: str = "auto",
             triton_convs: str = "off"):
+    """The engine the options name (raises ValueError / FileNotFoundError: run it in _user_errors)."""
     from .engines.registry import create_engine, default_engine, engine_options
-    from .stream import default_device
 
     name = default_engine(models) if engine == "auto" else engine
-    dev = device or default_device()
-    try:
-        kw = engine_options(name, weights, models, accel, dev, triton_convs=triton_convs)
-    except ValueError as e:
-        _fail(str(e))
-    eng = create_engine(name, device=dev, **kw)
+    kw = engine_options(name, weights, models, accel, device, triton_convs=triton_convs)
+    eng = create_engine(name, device=device, **kw)
     if eng.random_weights:
         typer.secho("WARNING: rendering with SEEDED RANDOM WEIGHTS (benchmark mode); the video is marked and is not a real model's output.", fg=typer.colors.YELLOW, err=True)
     return eng
@@ -164,14 +222,14 @@ def _engine(engine: str, device: Optional[str], weights: str, models: Optional[P
 
 @app.command()
 def render(
-    avatar: str = typer.Option(..., help="Avatar id, packet folder, source video/photo, or builtin:astronaut."),
-    audio: str = typer.Option(..., help="Speech file (wav/mp3/m4a/flac/...), or builtin:hello."),
+    avatar: str = AvatarOpt,
+    audio: str = AudioOpt,
     output: Path = typer.Option(..., "-o", "--output", help="Output .mp4 (written atomically)."),
-    engine: str = typer.Option("auto", help="classic, musetalk, ditto, or auto (first neural engine with weights, else classic)."),
-    fps: float = typer.Option(25.0, help="Output frame rate."),
+    engine: str = EngineOpt,
+    fps: float = FpsOpt,
     size: Optional[str] = typer.Option(None, help="Output WxH when the avatar is prebaked on the fly."),
-    device: Optional[str] = typer.Option(None, help="cpu, cuda, cuda:1 ... (default: cuda if available)."),
-    weights: str = typer.Option("official", help="official (from --models) or random (seeded; benchmarks only)."),
+    device: Optional[str] = DeviceOpt,
+    weights: str = WeightsOpt,
     models: Optional[Path] = ModelsOpt,
     avatars: Optional[Path] = AvatarsOpt,
     chunk: int = typer.Option(16, help="Frames per batch."),
@@ -182,29 +240,29 @@ def render(
                                               "1 = one encoder, smallest file)."),
     accel: str = AccelOpt,
     triton_convs: str = TritonConvsOpt,
+    allow_silence: bool = AllowSilenceOpt,
 ) -> None:
     """Render a lip-synced MP4 (H.264 + AAC) of the avatar speaking the audio."""
     _unwind_on_sigterm()
     from tqdm import tqdm
 
-    from .avatar.packet import PacketError
     from .avatar.store import resolve_avatar
-    from .builtin import builtin_audio, is_builtin
     from .cpus import usable_cpus
-    from .media.audio import load_audio
-    from .media.errors import MediaError
     from .media.mp4_writer import X264_PRESETS, Mp4Writer
-    from .stream import stream_generator
+    from .stream import check_device, check_stream_options, stream_generator
 
     if preset not in X264_PRESETS:  # before the engine loads (minutes on a GPU)
         _fail(f"--preset must be one of {', '.join(X264_PRESETS)}, got {preset!r}")
+    if output.is_dir():  # before minutes of rendering: the finished clip could not be moved there
+        _fail(f"--output {output} is a folder; give a file name, e.g. {output / 'anchor.mp4'}")
     t0 = time.perf_counter()
-    try:
-        audio_path = builtin_audio(audio) if is_builtin(audio) else Path(audio)
-        sound = load_audio(audio_path)
+    with _user_errors():
+        check_stream_options(fps, chunk, "nv12")
+        dev = check_device(device)
+        sound = _load_speech(audio, allow_silence)
         packet = resolve_avatar(avatar, avatars, size=_size(size))
         t_avatar = time.perf_counter()
-        eng = _engine(engine, device, weights, models, accel, triton_convs)
+        eng = _engine(engine, dev, weights, models, accel, triton_convs)
         t_engine = time.perf_counter()
         w, h = packet.size
         total = int(-(-sound.samples.shape[1] * fps // sound.sample_rate))
@@ -222,8 +280,6 @@ def render(
                 bar.update(ch["num_frames"])
             bar.close()
             t_render = time.perf_counter() - t_start
-    except (PacketError, MediaError, ValueError, FileNotFoundError) as e:
-        _fail(str(e))
     t_all = time.perf_counter() - t0
     typer.echo(
         f"wrote {output}: {n} frames {w}x{h} @ {fps:g} fps, {sound.duration_s:.2f} s audio | engine {eng.name} on {eng.device} | "
@@ -234,58 +290,61 @@ def render(
 
 @app.command()
 def stream(
-    avatar: str = typer.Option(..., help="Avatar id, packet folder, or source file."),
-    audio: str = typer.Option(..., help="Speech file or builtin:hello."),
-    engine: str = typer.Option("auto"),
-    fps: float = typer.Option(25.0),
-    chunk: int = typer.Option(8),
-    device: Optional[str] = typer.Option(None),
-    weights: str = typer.Option("official"),
+    avatar: str = AvatarOpt,
+    audio: str = AudioOpt,
+    engine: str = EngineOpt,
+    fps: float = FpsOpt,
+    chunk: int = typer.Option(8, help="Frames per chunk: smaller chunks come out sooner, larger ones render faster."),
+    device: Optional[str] = DeviceOpt,
+    weights: str = WeightsOpt,
     models: Optional[Path] = ModelsOpt,
     avatars: Optional[Path] = AvatarsOpt,
     live: bool = typer.Option(False, help="Feed the audio in real time (20 ms chunks) like a live source."),
-    output: str = typer.Option("nv12", help="nv12 or rgb"),
+    output: str = typer.Option("nv12", help="Frame format the generator yields: nv12 or rgb."),
     accel: str = AccelOpt,
     triton_convs: str = TritonConvsOpt,
+    allow_silence: bool = AllowSilenceOpt,
 ) -> None:
     """Run the streaming generator and print per-chunk timing (time to first frame, fps)."""
     _unwind_on_sigterm()
+    from .avatar.store import resolve_avatar
+    from .stream import check_device, check_stream_options, stream_generator
+
+    with _user_errors():
+        check_stream_options(fps, chunk, output)
+        dev = check_device(device)
+        sound = _load_speech(audio, allow_silence)
+        packet = resolve_avatar(avatar, avatars)
+        eng = _engine(engine, dev, weights, models, accel, triton_convs)
+        src = _paced(sound) if live else sound
+        t0 = time.perf_counter()
+        n = 0
+        for ch in stream_generator(eng, packet, src, fps=fps, chunk_frames=chunk, output=output):
+            now = time.perf_counter() - t0
+            n += ch["num_frames"]
+            tag = "first" if ch["chunk_idx"] == 0 else ""
+            typer.echo(f"chunk {ch['chunk_idx']:4d} frames {ch['frame_start']:5d}+{ch['num_frames']:<3d} t={now * 1000:8.1f} ms  {n / now:7.1f} fps {tag}")
+    typer.echo(f"{n} frames in {time.perf_counter() - t0:.2f} s")
+
+
+def _paced(sound: Audio) -> Iterator[Audio]:
+    """`sound` in 20 ms pieces, each handed over when it would arrive from a live source."""
     import numpy as np
 
-    from .avatar.store import resolve_avatar
-    from .builtin import builtin_audio, is_builtin
-    from .media.audio import Audio, load_audio
-    from .stream import stream_generator
+    from .media.audio import Audio
 
-    sound = load_audio(builtin_audio(audio) if is_builtin(audio) else audio)
-    packet = resolve_avatar(avatar, avatars)
-    eng = _engine(engine, device, weights, models, accel, triton_convs)
-    src: object = sound
-    if live:
-        step = sound.sample_rate // 50
-
-        def paced():
-            t = time.perf_counter()
-            for i in range(0, sound.samples.shape[1], step):
-                delay = t + i / sound.sample_rate - time.perf_counter()
-                if delay > 0:
-                    time.sleep(delay)
-                yield Audio(np.ascontiguousarray(sound.samples[:, i : i + step]), sound.sample_rate)
-
-        src = paced()
-    t0 = time.perf_counter()
-    n = 0
-    for ch in stream_generator(eng, packet, src, fps=fps, chunk_frames=chunk, output=output):
-        now = time.perf_counter() - t0
-        n += ch["num_frames"]
-        tag = "first" if ch["chunk_idx"] == 0 else ""
-        typer.echo(f"chunk {ch['chunk_idx']:4d} frames {ch['frame_start']:5d}+{ch['num_frames']:<3d} t={now * 1000:8.1f} ms  {n / now:7.1f} fps {tag}")
-    typer.echo(f"{n} frames in {time.perf_counter() - t0:.2f} s")
+    step = sound.sample_rate // 50
+    t = time.perf_counter()
+    for i in range(0, sound.samples.shape[1], step):
+        delay = t + i / sound.sample_rate - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        yield Audio(np.ascontiguousarray(sound.samples[:, i : i + step]), sound.sample_rate)
 
 
 @weights_app.command("check")
 def weights_check(models: Optional[Path] = ModelsOpt) -> None:
-    """Say which official weight files are present or missing."""
+    """Say which official weight files are present or missing; exit status 1 when any is missing (for scripts)."""
     from .weights.catalog import check_all
 
     ok = check_all(models, echo=typer.echo)
@@ -306,7 +365,7 @@ def weights_fetch(engine: str = typer.Argument(..., help="musetalk or ditto"), m
 @app.command()
 def serve(
     host: str = typer.Option("127.0.0.1"),
-    port: int = typer.Option(8000),
+    port: int = typer.Option(8000, min=1, max=65535, help="TCP port to listen on (1-65535)."),
     engine: str = typer.Option("auto", help="Default engine for sessions and jobs."),
     device: Optional[str] = typer.Option(None),
     weights: str = typer.Option("official"),

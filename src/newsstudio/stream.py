@@ -27,7 +27,7 @@ from functools import partial
 from collections.abc import Callable, Iterator
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
@@ -191,6 +191,41 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def check_device(device: str | torch.device | None) -> torch.device:
+    """`device` as a torch.device that can run here (None: :func:`default_device`).
+
+    Why: an unavailable CUDA device otherwise fails deep inside an engine, after the avatar and
+    weights are loaded, with torch's "Torch not compiled with CUDA enabled" assertion."""
+    if device is None:
+        return default_device()
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"unknown device {str(device)!r}; use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            why = (f"this torch {torch.__version__} is built without CUDA" if torch.version.cuda is None
+                   else "no CUDA GPU is visible")
+            raise ValueError(f"device {str(device)!r} is not available: {why}; use cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {str(device)!r} is not available: {torch.cuda.device_count()} CUDA GPU(s) visible")
+    return dev
+
+
+def check_stream_options(fps: float | Fraction, chunk_frames: int, output: str, ramp_frames: int = 0) -> Fraction:
+    """The exact frame rate, once fps, chunk size and output kind are known to be usable.
+
+    Separate from :func:`stream_generator` so a caller (the CLI) can refuse bad values before it
+    loads an engine, which takes minutes on a GPU."""
+    if output not in get_args(Output):
+        raise ValueError(f"output must be {' or '.join(map(repr, get_args(Output)))}, got {output!r}")
+    if chunk_frames < 1:
+        raise ValueError(f"chunk_frames must be >= 1, got {chunk_frames}")
+    if not 0 <= ramp_frames <= chunk_frames:
+        raise ValueError(f"ramp_frames must be in [0, chunk_frames={chunk_frames}], got {ramp_frames}")
+    return as_fraction(fps)
+
+
 def resolve_avatar(avatar: str | os.PathLike[str] | Packet) -> Packet:
     if isinstance(avatar, Packet):
         return avatar
@@ -222,17 +257,11 @@ def stream_generator(
     ramp_frames > 0: chunk sizes ramp (see :func:`chunk_size`) so a consumer that pipelines
     (an MP4 encoder) gets its first frames sooner and waits less after the last ones.
     """
-    if output not in ("nv12", "rgb"):
-        raise ValueError(f"output must be 'nv12' or 'rgb', got {output!r}")
-    if chunk_frames < 1:
-        raise ValueError("chunk_frames must be >= 1")
-    if not 0 <= ramp_frames <= chunk_frames:
-        raise ValueError(f"ramp_frames must be in [0, chunk_frames={chunk_frames}], got {ramp_frames}")
+    fr = check_stream_options(fps, chunk_frames, output, ramp_frames)
     eng = resolve_engine(engine, device)
     packet = resolve_avatar(avatar)
     layer = eng.load_avatar(packet)
     background = background_for(eng, packet)
-    fr = as_fraction(fps)
     # File-like input is read in blocks the engine chooses (MuseTalk: whole 30 s Whisper pieces,
     # so file renders equal the official whole-file features); live input is taken as it comes.
     source = AudioSource(audio, eng.sample_rate, sample_rate=sample_rate, block_s=getattr(eng, "file_block_s", 0.5))

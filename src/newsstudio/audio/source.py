@@ -22,6 +22,8 @@ def as_fraction(fps: float | Fraction) -> Fraction:
     """fps as an exact fraction (29.97 -> 30000/1001), so frame/sample boundaries never drift."""
     if isinstance(fps, Fraction):
         return fps
+    if not math.isfinite(fps):  # Fraction() raises OverflowError / an unclear ValueError for these
+        raise ValueError(f"fps must be positive, got {fps}")
     f = Fraction(fps).limit_denominator(1001)
     if abs(float(f) - float(fps)) > 1e-9:
         f = Fraction(fps).limit_denominator(1_000_000)

@@ -40,15 +40,25 @@ def even(v: float) -> int:
     return max(2, int(v) // 2 * 2)
 
 
+FITS = ("cover", "contain")
+
+
+def check_fit(fit: str) -> str:
+    """`fit` if it is one of FITS, else a ValueError naming them (checked with or without a size,
+    so a bad value is never stored in a packet)."""
+    if fit not in FITS:
+        raise ValueError(f"fit must be 'cover' or 'contain', got {fit!r}")
+    return fit
+
+
 def make_framing(src_size: tuple[int, int], out_size: tuple[int, int] | None, fit: str = "cover") -> Framing:
+    check_fit(fit)
     sw, sh = src_size
     if out_size is None:
         return Framing(src_size, (even(sw), even(sh)), 1.0, (0.0, 0.0), fit)
     w, h = out_size
     if w % 2 or h % 2 or w < 16 or h < 16:
         raise ValueError(f"output size {w}x{h} must be even and at least 16x16")
-    if fit not in ("cover", "contain"):
-        raise ValueError(f"fit must be 'cover' or 'contain', got {fit!r}")
     s = max(w / sw, h / sh) if fit == "cover" else min(w / sw, h / sh)
     return Framing(src_size, (w, h), s, ((w - sw * s) / 2, (h - sh * s) / 2), fit)
 

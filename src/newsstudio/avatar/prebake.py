@@ -8,9 +8,10 @@ RGB crops, feathered masks), and, on request, each engine's own tensors (the eng
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm import tqdm
@@ -18,10 +19,13 @@ from tqdm import tqdm
 from ..compose.colour import rgb_to_nv12
 from ..media.image import is_image_path, read_image
 from ..media.video import iter_video_frames, probe_video
-from .geometry import lower_face_mask, lower_face_roi, make_framing
+from .geometry import check_fit, lower_face_mask, lower_face_roi, make_framing
 from .landmarks import FaceLandmarks, NoFaceError, detect_sequence, get_backend
 from .packet import Packet, PacketWriter
 from .store import packet_dir, source_digest, validate_id
+
+if TYPE_CHECKING:
+    from ..engines.base import Engine
 
 ProgressCallback = Callable[[str, int, "int | None"], None]
 DEFAULT_MAX_FRAMES = 750  # 30 s at 25 fps: a loop longer than that is rarely useful and costs memory
@@ -44,7 +48,8 @@ def prebake(
     faces: Sequence[FaceLandmarks] | None = None,
     progress_cb: ProgressCallback | None = None,
 ) -> Packet:
-    """Build (or rebuild) the packet `avatar_id` from `source`; returns it opened.
+    """Build (or rebuild) the packet `avatar_id` from `source`; returns it opened. A failure
+    leaves no new packet behind (the `engines` are loaded before anything is written).
 
     `faces`: landmarks detected earlier for exactly these source frames (see landmarks_io);
     detection is skipped then. `progress_cb(stage, done, total)` is told about every frame of
@@ -57,9 +62,12 @@ def prebake(
                 progress_cb(desc, i + 1, total)
 
     validate_id(avatar_id)
+    check_fit(fit)
     src = Path(source)
     if not src.is_file():
         raise FileNotFoundError(f"avatar source {src} does not exist")
+    # Engines first: an unknown name or bad / missing weights fails before anything is written.
+    engs = _load_engines(engines, engine_kwargs)
     photo = is_image_path(src)
     if photo:
         frames_src = [read_image(src)]
@@ -111,6 +119,7 @@ def prebake(
         "source": {"name": src.name, "sha256": source_digest(src), "bytes": src.stat().st_size},
     }
     dest = packet_dir(avatar_id, root)
+    existed = dest.exists()
     with PacketWriter(dest, avatar_id, meta) as writer:
         nv12 = np.lib.format.open_memmap(writer.tmp / "frames_nv12.scratch.npy", mode="w+", dtype=np.uint8, shape=(n, h * 3 // 2, w))
         roi_rgb = np.empty((n, rh, rw, 3), np.uint8)
@@ -131,11 +140,21 @@ def prebake(
         writer.add("roi/rgb", roi_rgb)
         writer.add("roi/mask", roi_mask)
         packet = writer.commit()
-    for name in engines:
-        from ..engines.registry import create_engine
-
-        from ..stream import default_device
-
-        eng = create_engine(name, device=default_device(), **(engine_kwargs or {}))
-        packet = eng.prebake(packet, progress=progress)
+    try:
+        for eng in engs:
+            packet = eng.prebake(packet, progress=progress)
+    except BaseException:
+        if not existed:  # a failed prebake leaves no new packet; one that was there is kept
+            shutil.rmtree(dest, ignore_errors=True)
+        raise
     return packet
+
+
+def _load_engines(names: Sequence[str], engine_kwargs: dict[str, Any] | None) -> list[Engine]:
+    """The engines whose tensors go into the packet, built on the default device."""
+    if not names:
+        return []
+    from ..engines.registry import create_engine
+    from ..stream import default_device
+
+    return [create_engine(name, device=default_device(), **(engine_kwargs or {})) for name in names]

@@ -399,8 +399,20 @@ class Mp4Writer:
                 raise MediaEncodeError(self.path, f"finishing the file failed ({ffmpeg_reason(exc)})") from exc
             raise
         self._closed = True
-        os.replace(self._tmp, self.path)
+        self._move_into_place()
         return self.path
+
+    def _move_into_place(self) -> None:
+        """Rename the finished temp file to ``path``. This runs after the ``with`` block ended
+        cleanly, so ``__exit__`` no longer aborts: a failed rename (``path`` became a folder, a
+        read-only or vanished directory) removes the temp file here instead of leaving it."""
+        try:
+            os.replace(self._tmp, self.path)
+        except BaseException as exc:
+            self._tmp.unlink(missing_ok=True)
+            if isinstance(exc, OSError):
+                raise MediaEncodeError(self.path, f"cannot move the finished file into place ({exc.strerror or exc})") from exc
+            raise
 
     def abort(self) -> None:
         """Stop without producing ``path``; removes the temp file. Safe to call twice."""
