@@ -228,6 +228,12 @@ def test_serve_refuses_a_port_out_of_range(port):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_serve_refuses_an_unavailable_device_before_it_starts():
+    r = CliRunner().invoke(app, ["serve", "--device", "cuda", "--port", "1"])  # (port 1: it must not get that far)
+    assert_user_error(r, "device 'cuda' is not available", "without CUDA")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 @pytest.mark.parametrize("command", ["render", "stream"])
 def test_an_unavailable_device_is_a_clear_error(tmp_path, astronaut_packet, command):
     out = tmp_path / "x.mp4"

@@ -409,6 +409,7 @@ def serve(
     from .engines.registry import ENGINES, check_triton_convs
     from .render_budget import RenderBudget
     from .server.state import ServerConfig
+    from .stream import check_device
 
     needed_ms = 1000 * render_ahead / fps
     if render_ahead > ServerConfig.render_ahead and prebuffer_ms < needed_ms:  # raised for density, not paired
@@ -417,7 +418,8 @@ def serve(
                     "requests come up short, so GPU batches are smaller and fewer streams fit)",
                     fg=typer.colors.YELLOW, err=True)
     try:
-        check_compose(compose)  # before any engine loads
+        check_device(device)  # before any engine loads
+        check_compose(compose)
         check_triton_convs(triton_convs)
         if max_render_fps is not None:
             RenderBudget.parse(max_render_fps, ENGINES)
