@@ -25,6 +25,7 @@ from newsstudio.media.errors import (
     MediaError,
     MediaNotFoundError,
     NoAudioStreamError,
+    NonFiniteAudioError,
     NoVideoStreamError,
 )
 from newsstudio.media.image import is_image_path, read_image
@@ -429,6 +430,41 @@ def test_audio_from_array_layouts():
         audio_from_array(np.zeros(10, bool), 8000)
     with pytest.raises(ValueError, match="sample_rate"):
         audio_from_array(np.zeros(10, np.float32), 0)
+
+
+def _f32_wav(path: Path, x: np.ndarray, rate: int) -> Path:
+    """Mono IEEE-float WAV (format 3; the wave module writes integer PCM only)."""
+    import struct
+
+    data = np.asarray(x, "<f4").tobytes()
+    fmt = struct.pack("<HHIIHH", 3, 1, rate, rate * 4, 4, 32)
+    path.write_bytes(b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt
+                     + b"data" + struct.pack("<I", len(data)) + data)
+    return path
+
+
+def test_non_finite_samples_are_refused_wherever_audio_comes_in(tmp_path):
+    """NaN/inf float PCM is refused with one error type by every way in: a float WAV (the file
+    named: the CLI prints it), an array, an Audio, and the stream generator's audio source."""
+    from newsstudio.audio.source import AudioSource
+
+    x = np.sin(np.linspace(0, 200, 8000)).astype(np.float32)
+    assert np.isfinite(load_audio(_f32_wav(tmp_path / "ok.wav", x, 8000)).samples).all()  # finite float WAVs load
+    x[10] = np.nan
+    x[20:23] = np.inf
+    wav = _f32_wav(tmp_path / "nan.wav", x, 8000)
+    with pytest.raises(NonFiniteAudioError, match=r"nan\.wav: 4 of 8000 samples are NaN or infinite") as e:
+        load_audio(wav)
+    assert isinstance(e.value, MediaError) and e.value.source == str(wav)
+    with pytest.raises(NonFiniteAudioError, match="4 of 8000"):
+        load_audio(wav.read_bytes())
+    with pytest.raises(NonFiniteAudioError):
+        audio_from_array(x, 8000)
+    with pytest.raises(NonFiniteAudioError):
+        Audio(x[None], 8000)
+    for source in (wav, (x, 8000)):
+        with pytest.raises(NonFiniteAudioError, match="NaN or infinite"):
+            AudioSource(source, 16000)
 
 
 def test_mono_and_resample_preserve_the_sound():

@@ -19,9 +19,9 @@ import numpy as np
 import soxr
 
 from ._container import MediaSource, check_not_truncated, check_wav_complete, decode_error, open_input
-from .errors import EmptyAudioError, NoAudioStreamError
+from .errors import EmptyAudioError, NoAudioStreamError, NonFiniteAudioError
 
-__all__ = ["Audio", "load_audio", "audio_from_array", "write_wav", "MAX_CHANNELS"]
+__all__ = ["Audio", "load_audio", "audio_from_array", "check_finite", "write_wav", "MAX_CHANNELS"]
 
 #: Above this many channels an array axis is taken to be time, not channels.
 MAX_CHANNELS = 64
@@ -31,7 +31,8 @@ MAX_CHANNELS = 64
 class Audio:
     """PCM audio: ``samples`` float32 ``[channels, n]`` in [-1, 1], at ``sample_rate`` Hz.
 
-    Values are not clipped (a decoder may overshoot slightly); writers clip.
+    Values are not clipped (a decoder may overshoot slightly); writers clip. They are always
+    finite: NaN or infinite samples raise :class:`NonFiniteAudioError` (see :func:`check_finite`).
     """
 
     samples: np.ndarray
@@ -46,6 +47,7 @@ class Audio:
             )
         if not 1 <= s.shape[0] <= MAX_CHANNELS:
             raise ValueError(f"Audio must have 1..{MAX_CHANNELS} channels, got {s.shape[0]}")
+        check_finite(s, "audio")
         if int(self.sample_rate) != self.sample_rate or self.sample_rate <= 0:
             raise ValueError(f"sample_rate must be a positive integer, got {self.sample_rate!r}")
         object.__setattr__(self, "sample_rate", int(self.sample_rate))
@@ -96,6 +98,18 @@ class Audio:
         return np.ascontiguousarray(scaled.astype(np.int16))
 
 
+def check_finite(samples: np.ndarray, source: object) -> None:
+    """Raise :class:`NonFiniteAudioError` naming ``source`` when any sample is NaN or infinite.
+
+    The one rule for every way audio comes in (files, arrays, streamed PCM): such samples would
+    pass through resampling and the models untouched and reach players as noise or silence, so
+    they are refused where they enter (~0.1 ms for 15 s of stereo 48 kHz)."""
+    if samples.dtype.kind != "f" or np.isfinite(samples).all():
+        return
+    bad = int(samples.size - np.count_nonzero(np.isfinite(samples)))
+    raise NonFiniteAudioError(source, f"{bad} of {samples.size} samples are NaN or infinite; only finite PCM can be used")
+
+
 def audio_from_array(array, sample_rate: int) -> Audio:
     """Build :class:`Audio` from a numpy array (or anything ``np.asarray`` takes, e.g. a CPU
     torch tensor).
@@ -105,7 +119,8 @@ def audio_from_array(array, sample_rate: int) -> Audio:
     ``MAX_CHANNELS``, and a square array is refused as ambiguous.
 
     Scaling rule: int16 / 32768, int32 / 2**31, uint8 (WAV 8-bit) (x - 128) / 128; float
-    arrays are taken as already in [-1, 1] and only cast to float32.
+    arrays are taken as already in [-1, 1] and only cast to float32 (NaN or infinite values
+    raise :class:`NonFiniteAudioError`).
     """
     arr = np.asarray(array)
     if arr.ndim == 1:
@@ -122,7 +137,9 @@ def audio_from_array(array, sample_rate: int) -> Audio:
         raise ValueError(f"audio array {np.asarray(array).shape} would have {arr.shape[0]} channels (max {MAX_CHANNELS})")
     if arr.shape[1] == 0:
         raise EmptyAudioError("array", "audio array has zero samples")
-    return Audio(np.ascontiguousarray(_pcm_to_float32(arr)), sample_rate)
+    samples = _pcm_to_float32(arr)
+    check_finite(samples, "audio array")
+    return Audio(np.ascontiguousarray(samples), sample_rate)
 
 
 def _pcm_to_float32(arr: np.ndarray) -> np.ndarray:
@@ -161,8 +178,9 @@ def load_audio(source: MediaSource, *, stream_index: int = 0) -> Audio:
     flac, ogg, or the audio track of a video) at its own rate and channel count.
 
     ``source`` may be a path, bytes, or a binary file object. Raises
-    :class:`NoAudioStreamError`, :class:`EmptyAudioError` or :class:`MediaDecodeError`
-    (corrupt/truncated), each naming the source.
+    :class:`NoAudioStreamError`, :class:`EmptyAudioError`, :class:`NonFiniteAudioError` (a
+    float file holding NaN/inf) or :class:`MediaDecodeError` (corrupt/truncated), each naming
+    the source.
     """
     with open_input(source) as container:
         check_wav_complete(source)
@@ -184,6 +202,7 @@ def load_audio(source: MediaSource, *, stream_index: int = 0) -> Audio:
         if raw is not None:
             if raw.shape[1] == 0:
                 raise EmptyAudioError(source, "audio stream holds zero samples")
+            check_finite(raw, source)  # here, to name the file (Audio() would say "audio")
             return Audio(np.ascontiguousarray(raw), rate)
         # Resampler to planar float keeping rate and layout: one code path for every other format.
         resampler = av.AudioResampler(format="fltp", layout=ctx.layout, rate=rate)
@@ -205,6 +224,7 @@ def load_audio(source: MediaSource, *, stream_index: int = 0) -> Audio:
     samples = np.concatenate(chunks, axis=1).astype(np.float32, copy=False)
     if 0 < declared < samples.shape[1]:
         samples = samples[:, :declared]
+    check_finite(samples, source)
     return Audio(np.ascontiguousarray(samples), rate)
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "NoAudioStreamError",
     "EmptyAudioError",
     "EmptyVideoError",
+    "NonFiniteAudioError",
     "describe_source",
 ]
 
@@ -74,3 +75,8 @@ class EmptyAudioError(MediaError):
 
 class EmptyVideoError(MediaError):
     """A video stream exists but no frame can be decoded from it."""
+
+
+class NonFiniteAudioError(MediaError):
+    """Audio samples that are NaN or infinite (float PCM from broken arithmetic): refused, since
+    they would reach the models and the output as noise or silence instead of an error."""
