@@ -80,6 +80,33 @@ def wav_bytes(x: np.ndarray, sr: int) -> bytes:
     return buf.getvalue()
 
 
+def f32_wav_bytes(x: np.ndarray, sr: int) -> bytes:
+    """Mono IEEE-float WAV (format 3, which the wave module cannot write): NaN and inf survive."""
+    data = np.asarray(x, "<f4").tobytes()
+    fmt = struct.pack("<HHIIHH", 3, 1, sr, sr * 4, 4, 32)
+    return (b"RIFF" + struct.pack("<I", 4 + 8 + len(fmt) + 8 + len(data)) + b"WAVE" + b"fmt " + struct.pack("<I", len(fmt))
+            + fmt + b"data" + struct.pack("<I", len(data)) + data)
+
+
+def non_finite_speech(seconds: float = 1.0, sr: int = 16000) -> np.ndarray:
+    x = speechlike(seconds, sr)
+    x[::7] = np.nan
+    x[3::7] = np.inf
+    return x
+
+
+def small_loop_mp4(path: Path, grey: bool = False) -> Path:
+    """A 6-frame presenter loop (the astronaut drifting), or a grey one with no face."""
+    from skimage import data
+
+    from newsstudio.media.mp4_writer import encode_clip
+
+    img = np.full((512, 512, 3), 127, np.uint8) if grey else data.astronaut()
+    frames = np.stack([np.ascontiguousarray(img[8 + 2 * i : 456 + 2 * i, 20 + 3 * i : 468 + 3 * i]) for i in range(6)])
+    encode_clip(path, [frames], fps=25, pixel_input="rgb", crf=12)
+    return path
+
+
 def bursts(n: int, on_s: float, period_s: float, first_s: float, sr: int = 48000) -> np.ndarray:
     """Tone-rich bursts starting exactly at first_s + i * period_s (frame boundaries at 25 fps)."""
     x = np.zeros(int((first_s + n * period_s + 0.3) * sr), np.float32)
@@ -169,7 +196,10 @@ def test_health_metrics_and_docs(client):
     # the loop-lag monitor samples every 20 ms; an idle server's loop wakes nearly on time
     lag = mt["event_loop_lag"]
     assert 0.0 <= lag["p95_ms"] <= lag["max_ms"] <= lag["max_since_start_ms"] and lag["p95_ms"] < 200
-    assert client.get("/docs").status_code == 200
+    # no Swagger UI / ReDoc page: FastAPI's load their scripts from a CDN (blank offline); the
+    # schema is served by the server itself
+    for page in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+        assert client.get(page).status_code == 404, page
     paths = client.get("/openapi.json").json()["paths"]
     for p in ("/avatars", "/avatars/{avatar_id}", "/jobs/{job_id}", "/clips", "/clips/{clip_id}.mp4", "/webrtc/offer", "/sessions/{session_id}/speak", "/sessions/{session_id}/interrupt", "/health", "/metrics"):
         assert p in paths, p
@@ -196,6 +226,7 @@ def test_avatar_upload_list_clip_download_delete(client, server):
     r = client.post("/clips", files={"audio": ("speech.wav", wav_bytes(speech, 16000), "audio/wav")}, data={"avatar": "anchor-1", "engine": "classic", "fps": "25"})
     assert r.status_code == 202, r.text
     clip = r.json()
+    assert clip["avatar_id"] == "anchor-1" and clip["clip_id"] == clip["job_id"]
     job = wait_job(client, clip["job_id"])
     assert job["state"] == "done", job
     r = client.get(clip["download_url"])
@@ -326,6 +357,118 @@ def test_bad_input_gets_clear_4xx_and_leaves_nothing_half_written(client, server
     left = no_partial_files(server.data)
     assert not left, left
     assert sorted(p.name for p in (server.data / "avatars").iterdir() if not p.name.startswith(".")) == ["astro"]
+
+
+def test_uploads_with_a_generic_content_type_are_typed_by_their_file_extension(client, server):
+    """`curl -F file=@talk.mp4` sends application/octet-stream (curl knows no .mp4): the file
+    name's extension says what it is, by one rule for avatar and speech uploads; a generic type
+    with an extension nothing here reads is refused with a 415 that says how to fix it."""
+    mp4 = small_loop_mp4(server.data / "octet.mp4")
+    png = (server.data / "astronaut.png").read_bytes()
+    speech = wav_bytes(speechlike(1.0, 16000), 16000)
+    try:
+        r = client.post("/avatars", files={"file": ("octet.mp4", mp4.read_bytes(), "application/octet-stream")}, data={"id": "octet", "size": "256x256"})
+        assert r.status_code == 202, r.text
+        assert wait_job(client, r.json()["job_id"])["state"] == "done"
+        assert client.get("/avatars/octet").json()["kind"] == "video"
+        r = client.post("/avatars", files={"file": ("Face.PNG", png, "application/octet-stream")}, data={"id": "octet-photo", "size": "256x256"})
+        assert r.status_code == 202, r.text
+        assert wait_job(client, r.json()["job_id"])["state"] == "done"
+        assert client.get("/avatars/octet-photo").json()["kind"] == "photo"
+        for name in ("face", "face.bin"):
+            r = client.post("/avatars", files={"file": (name, png, "application/octet-stream")}, data={"id": "octet-x"})
+            assert r.status_code == 415 and "content type" in r.json()["detail"] and "extension" in r.json()["detail"], r.text
+        # speech uploads follow the same rule
+        r = client.post("/clips", files={"audio": ("s.wav", speech, "application/octet-stream")}, data={"avatar": "astro"})
+        assert r.status_code == 202, r.text
+        assert wait_job(client, r.json()["job_id"])["state"] == "done"
+        r = client.post("/clips", files={"audio": ("s.dat", speech, "application/octet-stream")}, data={"avatar": "astro"})
+        assert r.status_code == 415 and "extension" in r.json()["detail"], r.text
+    finally:
+        for a in ("octet", "octet-photo"):
+            client.delete(f"/avatars/{a}")
+        mp4.unlink()
+
+
+def test_upload_too_large_states_the_limit_the_operator_configured(data_dir):
+    """serve --max-upload-mb 1: the 413 says "1 MB" whichever check notices (the body-size
+    middleware, which allows room for the form around the file, or the read of the file itself),
+    not the middleware's own limit in bytes."""
+    cfg = ServerConfig(engine="classic", device="cpu", avatars=data_dir / "avatars", clips=data_dir / "clips", max_upload_bytes=1 << 20, warm=False)
+    with ServerThread(create_app(cfg)) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
+        for n in (4 << 20, (1 << 20) + 1000):  # far over: the middleware; just over: the file read
+            for url, files, data in (("/clips", {"audio": ("big.wav", b"\0" * n, "audio/wav")}, {"avatar": "astro"}),
+                                     ("/avatars", {"file": ("big.png", b"\0" * n, "image/png")}, {"id": "big"})):
+                r = c.post(url, files=files, data=data)
+                assert r.status_code == 413, (url, n, r.text)
+                assert r.json()["detail"] == "upload too large: the limit is 1 MB", (url, n, r.text)
+
+
+def test_avatar_size_errors_say_what_is_wrong(client):
+    png = b"\x89PNG"  # never read: the size is checked first
+    cases = [("100000x100000", ("width", "16..8192")), ("512x9000", ("height", "16..8192")), ("8x8", ("width", "16..8192")),
+             ("257x256", ("even",)), ("big", ("wxh", "512x512"))]
+    for size, words in cases:
+        r = client.post("/avatars", files={"file": ("f.png", png, "image/png")}, data={"id": "sized", "size": size})
+        detail = r.json()["detail"]
+        assert r.status_code == 400, (size, r.text)
+        for w in words:
+            assert w in detail.lower(), (size, detail)
+        if size != "257x256":
+            assert "even" not in detail, (size, detail)  # both sides of 100000x100000 are even
+
+
+def test_fps_that_is_not_a_finite_number_is_refused_as_such(client):
+    """fps=nan used to fail "less than or equal to 60"; a JSON NaN (WebRTC offer) made the 422
+    itself fail with a 500."""
+    speech = wav_bytes(speechlike(1.0, 16000), 16000)
+    for fps in ("nan", "NaN", "inf", "-inf"):
+        r = client.post("/clips", files={"audio": ("s.wav", speech, "audio/wav")}, data={"avatar": "astro", "fps": fps})
+        assert r.status_code == 422, (fps, r.text)
+        (e,) = r.json()["detail"]
+        assert e["loc"] == ["body", "fps"] and "finite number" in e["msg"], (fps, e)
+    for fps in (b"NaN", b"Infinity"):
+        r = client.post("/webrtc/offer", content=b'{"sdp": "v=0", "type": "offer", "avatar": "astro", "fps": ' + fps + b"}",
+                        headers={"content-type": "application/json"})
+        assert r.status_code == 422, (fps, r.text)
+        assert any(e["loc"] == ["body", "fps"] and "finite number" in e["msg"] for e in r.json()["detail"]), r.text
+
+
+def test_upload_errors_name_the_clients_file_once_and_never_a_server_path(client, server):
+    """422s and failed prebake jobs name the file as the client sent it ("'portrait.png'"), once:
+    not the server's temp copy (its folder or its upload-<hex> name)."""
+    from PIL import Image
+
+    def public(text: str, name: str) -> None:
+        assert text.count(name) == 1, text
+        for leak in ("upload-", ".uploads", str(server.data), "/tmp"):
+            assert leak not in text, (leak, text)
+
+    png = (server.data / "astronaut.png").read_bytes()
+    speech = wav_bytes(speechlike(1.0, 16000), 16000)
+    cases = [(("portrait.png", png[:100] + bytes(300), "image/png"), "not a readable image"),
+             (("portrait.jpg", b"hello world" * 30, "image/jpeg"), "not a readable image"),
+             (("talk.mp4", bytes(range(256)) * 40, "video/mp4"), "not a readable video"),
+             (("talk.mp4", speech, "video/mp4"), "no video stream")]
+    for (name, data, ctype), words in cases:
+        r = client.post("/avatars", files={"file": (name, data, ctype)}, data={"id": "leak"})
+        assert r.status_code == 422 and words in r.json()["detail"], r.text
+        public(r.json()["detail"], f"'{name}'")
+    # no face: a photo, and a video loop
+    blank = io.BytesIO()
+    Image.fromarray(np.full((256, 256, 3), 127, np.uint8)).save(blank, "PNG")
+    grey = small_loop_mp4(server.data / "grey.mp4", grey=True)
+    try:
+        for name, data, ctype, expected in (("wall.png", blank.getvalue(), "image/png", "no face found in 'wall.png'"),
+                                            ("grey wall.mp4", grey.read_bytes(), "video/mp4", "'grey wall.mp4': no face found in any of the 6 frames")):
+            r = client.post("/avatars", files={"file": (name, data, ctype)}, data={"id": "leak"})
+            assert r.status_code == 202, r.text
+            job = wait_job(client, r.json()["job_id"])
+            assert job["state"] == "failed" and job["error"] == expected, job
+    finally:
+        grey.unlink()
+    assert client.get("/avatars/leak").status_code == 404
+    assert not no_partial_files(server.data)
 
 
 # ----------------------------------------------------------------------------- WebSocket
@@ -722,13 +865,116 @@ def test_ws_bad_protocol(server):
         (json.dumps({"type": "start", "avatar": "astro", "format": "gif"}), 1008, ("format",), None),
         (json.dumps({"type": "start", "avatar": "astro", "engine": "ditto"}), 1008, ("not available",), None),
         (start, 1008, ("2-byte",), b"\x01\x02\x03"),
-        (start, 1008, ("unknown message",), json.dumps({"type": "dance"})),
     ]
     for first, code, words, then in cases:
         asyncio.run(_ws_expect_close(server, first, code, words, then))
     m = httpx.get(f"{server.url}/metrics").json()
     assert m["active_sessions"] == 0
 
+
+
+def test_ws_unknown_message_type_gets_an_error_reply_and_the_session_goes_on(server):
+    """A control message the server does not know (a newer client's, a typo) is answered with an
+    error naming its type; the stream goes on and the session still takes controls."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    async def run():
+        async with connect(f"{server.ws_url}/ws", max_size=None) as ws:
+            await ws.send(json.dumps({"type": "start", "avatar": "astro", "engine": "classic"}))
+            assert json.loads(await ws.recv())["type"] == "started"
+            await ws.send(json.dumps({"type": "dance"}))
+            await ws.send(json.dumps({"no": "type"}))
+            errors, chunks_after = [], 0
+            while len(errors) < 2 or chunks_after < 5:
+                msg = await asyncio.wait_for(ws.recv(), 10)
+                if isinstance(msg, str):
+                    errors.append(json.loads(msg))
+                elif len(errors) == 2:
+                    chunks_after += 1
+            await ws.send(json.dumps({"type": "interrupt"}))
+            while not isinstance(msg := await asyncio.wait_for(ws.recv(), 10), str):
+                pass
+            interrupted = json.loads(msg)
+            await ws.send(json.dumps({"type": "close"}))
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    await asyncio.wait_for(ws.recv(), 10)
+            return errors, interrupted, ws.close_code
+
+    errors, interrupted, code = asyncio.run(run())
+    assert [e["type"] for e in errors] == ["error", "error"]
+    assert "unknown message type 'dance'" in errors[0]["message"] and "None" in errors[1]["message"], errors
+    assert interrupted["type"] == "interrupted" and code == 1000
+
+
+def test_non_finite_speech_is_refused_on_every_path_and_the_sessions_go_on(server):
+    """NaN/inf float PCM used to pass through and come back as 48,000 non-finite output samples.
+    Over /ws (pcm f32le) it closes that session with 1008 and the reason (an error message
+    first), as other malformed PCM does; over a session's audio socket likewise, the session
+    itself going on; float WAV uploads get a 422 naming the file. Other sessions are untouched."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    bad = non_finite_speech()
+
+    async def run():
+        async with connect(f"{server.ws_url}/ws", max_size=None) as other, httpx.AsyncClient(base_url=server.url, timeout=30) as c:
+            await other.send(json.dumps({"type": "start", "avatar": "astro", "engine": "classic"}))
+            sid = json.loads(await other.recv())["session"]
+            other_audio: list[np.ndarray] = []
+
+            async def drain():
+                while True:
+                    msg = await other.recv()
+                    if isinstance(msg, bytes):
+                        other_audio.append(_unpack(msg)[2])
+
+            reader = asyncio.ensure_future(drain())
+            while len(other_audio) < 3:
+                await asyncio.sleep(0.02)
+            async with connect(f"{server.ws_url}/ws", max_size=None) as ws:
+                await ws.send(json.dumps({"type": "start", "avatar": "astro", "engine": "classic", "pcm": "f32le", "sample_rate": 16000}))
+                assert json.loads(await ws.recv())["type"] == "started"
+                await ws.send(bad.astype("<f4").tobytes())
+                errors, audio = [], []
+                t_end = time.monotonic() + 10
+                with pytest.raises(ConnectionClosed) as exc:
+                    while time.monotonic() < t_end:  # (it used to stream on, echoing the NaN)
+                        msg = await asyncio.wait_for(ws.recv(), 10)
+                        if isinstance(msg, str):
+                            errors.append(json.loads(msg)["message"])
+                        else:
+                            audio.append(_unpack(msg)[2])
+            ws_close = exc.value.rcvd
+            async with connect(f"{server.ws_url}/sessions/{sid}/audio?sample_rate=16000&format=f32le") as audio_ws:
+                await audio_ws.send(bad.astype("<f4").tobytes())
+                with pytest.raises(ConnectionClosed) as exc:
+                    await asyncio.wait_for(audio_ws.recv(), 10)
+            audio_close = exc.value.rcvd
+            uploads = [await c.post("/clips", files={"audio": ("nan.wav", f32_wav_bytes(bad, 16000), "audio/wav")}, data={"avatar": "astro"}),
+                       await c.post(f"/sessions/{sid}/speak", files={"audio": ("nan.wav", f32_wav_bytes(bad, 16000), "audio/wav")})]
+            n = len(other_audio)
+            await asyncio.sleep(0.5)
+            info = (await c.get(f"/sessions/{sid}")).json()
+            reader.cancel()
+            return ws_close, errors, audio, audio_close, uploads, other_audio, n, info
+
+    ws_close, errors, audio, audio_close, uploads, other_audio, n, info = asyncio.run(run())
+    assert ws_close is not None and ws_close.code == 1008 and "nan or infinite" in ws_close.reason.lower(), ws_close
+    assert errors == [ws_close.reason]
+    assert all(np.isfinite(a).all() for a in audio)
+    assert audio_close is not None and audio_close.code == 1008 and "nan or infinite" in audio_close.reason.lower(), audio_close
+    for r in uploads:
+        assert r.status_code == 422 and "nan.wav" in r.json()["detail"] and "NaN or infinite" in r.json()["detail"], r.text
+    # the other session streamed on, finite, and is still open
+    assert len(other_audio) > n >= 3 and all(np.isfinite(a).all() for a in other_audio)
+    assert info["state"] != "closed"
+    for _ in range(100):
+        if httpx.get(f"{server.url}/metrics").json()["active_sessions"] == 0:
+            break
+        time.sleep(0.05)
+    assert httpx.get(f"{server.url}/metrics").json()["active_sessions"] == 0
 
 
 def test_ws_session_failing_inside_is_closed_with_a_reason_and_the_server_goes_on(server, monkeypatch):

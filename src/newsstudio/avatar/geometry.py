@@ -36,8 +36,24 @@ class Framing:
         return (pts * self.scale + np.asarray(self.offset, np.float32)).astype(np.float32)
 
 
+#: Sides of a requested output size, in pixels. 16: the smallest frame the ROI and the models
+#: work with. 8192: H.264's largest level (6.2) holds 8192x4320 frames; anything wider is a typo
+#: (100000x100000 would be a 15 GB frame), not a presenter.
+MIN_SIDE, MAX_SIDE = 16, 8192
+
+
 def even(v: float) -> int:
     return max(2, int(v) // 2 * 2)
+
+
+def check_output_size(w: int, h: int) -> None:
+    """ValueError saying what is wrong with a requested output size `w` x `h`: the one rule of
+    the CLI, the library and the server (each side MIN_SIDE..MAX_SIDE and even, for 4:2:0)."""
+    for name, v in (("width", w), ("height", h)):
+        if not MIN_SIDE <= v <= MAX_SIDE:
+            raise ValueError(f"output size {w}x{h}: the {name} must be {MIN_SIDE}..{MAX_SIDE} pixels")
+    if w % 2 or h % 2:
+        raise ValueError(f"output size {w}x{h} must be even on both sides (4:2:0 video has one colour sample per 2x2 pixels)")
 
 
 FITS = ("cover", "contain")
@@ -57,8 +73,7 @@ def make_framing(src_size: tuple[int, int], out_size: tuple[int, int] | None, fi
     if out_size is None:
         return Framing(src_size, (even(sw), even(sh)), 1.0, (0.0, 0.0), fit)
     w, h = out_size
-    if w % 2 or h % 2 or w < 16 or h < 16:
-        raise ValueError(f"output size {w}x{h} must be even and at least 16x16")
+    check_output_size(w, h)
     s = max(w / sw, h / sh) if fit == "cover" else min(w / sw, h / sh)
     return Framing(src_size, (w, h), s, ((w - sw * s) / 2, (h - sh * s) / 2), fit)
 

@@ -5,7 +5,9 @@
 Engines load once per name and stay warm (shared by every session and job). Avatars are
 listed, uploaded (prebake runs as a background job you poll at /jobs/{id}) and deleted;
 clips render as jobs to MP4 files written atomically. Live sessions (newsstudio.live) are
-reached over WebRTC (POST /webrtc/offer) or the WebSocket protocol at /ws. OpenAPI at /docs.
+reached over WebRTC (POST /webrtc/offer) or the WebSocket protocol at /ws. The OpenAPI schema is
+at /openapi.json; there is no /docs page, since FastAPI's loads Swagger UI from a CDN and would
+be blank on a machine without internet.
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from fractions import Fraction
 from pathlib import Path
 
 from fastapi import FastAPI, File, Form, HTTPException, Request, UploadFile
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
@@ -33,16 +37,17 @@ from .jobs import Job
 from .prebake_job import run_prebake
 from .state import ServerConfig, ServerState, rss_bytes
 from .uploads import (
-    AUDIO_EXTRA,
     AUDIO_TYPES,
     IMAGE_TYPES,
     VIDEO_TYPES,
     BodyLimitMiddleware,
+    SavedUpload,
     check_type,
     decode_speech,
-    read_limited,
     move_aside,
+    read_limited,
     save_upload,
+    upload_name,
 )
 
 __all__ = ["ServerConfig", "create_app"]
@@ -50,7 +55,7 @@ __all__ = ["ServerConfig", "create_app"]
 log = logging.getLogger("newsstudio.server")
 STATIC = Path(__file__).resolve().parent / "static"
 _CLIP_ID = re.compile(r"^[0-9a-f]{16}$")
-_SIZE = re.compile(r"^(\d{2,5})x(\d{2,5})$")
+_SIZE = re.compile(r"^(\d{1,9})x(\d{1,9})$")
 ERRORS = {400: {"model": m.ErrorBody}, 404: {"model": m.ErrorBody}, 409: {"model": m.ErrorBody}, 413: {"model": m.ErrorBody}, 415: {"model": m.ErrorBody}, 422: {"model": m.ErrorBody}, 503: {"model": m.ErrorBody}}
 
 
@@ -91,13 +96,24 @@ def create_app(cfg: ServerConfig | None = None) -> FastAPI:
         version=_version,
         summary="Lip-synced talking-head video: clips, live sessions over WebSocket and WebRTC.",
         lifespan=lifespan,
+        docs_url=None,  # Swagger UI and ReDoc come from a CDN: blank offline (module doc)
+        redoc_url=None,
     )
     app.state.ns = state
-    app.add_middleware(BodyLimitMiddleware, limit=cfg.max_upload_bytes + (1 << 20))
+    app.add_middleware(BodyLimitMiddleware, upload_limit=cfg.max_upload_bytes)
 
     @app.exception_handler(MediaError)
     async def _media_error(_: Request, exc: MediaError):
         return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(_: Request, exc: RequestValidationError):
+        """FastAPI's own 422, except that a NaN or infinite input it echoes is written as text: a
+        JSON body's NaN/Infinity (Python's parser takes them) made that reply fail with a 500."""
+        def text_if_not_finite(x: float) -> float | str:
+            return x if math.isfinite(x) else str(x)
+
+        return JSONResponse({"detail": jsonable_encoder(exc.errors(), custom_encoder={float: text_if_not_finite})}, status_code=422)
 
     # ------------------------------------------------------------------ page + status
     @app.get("/", include_in_schema=False)
@@ -205,19 +221,14 @@ def create_app(cfg: ServerConfig | None = None) -> FastAPI:
     ):
         dest = state.avatar_dir(id)
         ctype = check_type(file, IMAGE_TYPES + VIDEO_TYPES, "avatar upload")
-        wh = None
-        if size:
-            mt = _SIZE.match(size.strip().lower())
-            if not mt or int(mt.group(1)) % 2 or int(mt.group(2)) % 2:
-                raise HTTPException(400, f"size must be even WxH such as 512x512, got {size!r}")
-            wh = (int(mt.group(1)), int(mt.group(2)))
+        wh = _parse_size(size) if size else None
         with state.lock:
             if id in state.pending_avatars:
                 raise HTTPException(409, f"avatar {id!r} is being built by another upload")
             if (dest / "manifest.json").is_file() and not replace:
                 raise HTTPException(409, f"avatar {id!r} already exists (send replace=true to rebuild it)")
             state.pending_avatars.add(id)
-        src: Path | None = None
+        src: SavedUpload | None = None
         try:
             src = await save_upload(file, state.uploads_dir, cfg.max_upload_bytes)
             await run_in_threadpool(_probe_visual, src, ctype)
@@ -225,11 +236,11 @@ def create_app(cfg: ServerConfig | None = None) -> FastAPI:
             with state.lock:
                 state.pending_avatars.discard(id)
             if src is not None:
-                src.unlink(missing_ok=True)
+                src.path.unlink(missing_ok=True)
             raise
 
         def cleanup() -> None:
-            src.unlink(missing_ok=True)
+            src.path.unlink(missing_ok=True)
             with state.lock:
                 state.pending_avatars.discard(id)
 
@@ -268,12 +279,12 @@ def create_app(cfg: ServerConfig | None = None) -> FastAPI:
         audio: UploadFile = File(..., description="Speech: wav, mp3, m4a, flac, ogg, webm, or a video's audio track."),
         avatar: str = Form(..., description="Avatar id."),
         engine: m.EngineName = Form("auto"),
-        fps: float = Form(25.0, gt=0, le=60),
+        fps: float = Form(25.0, **m.FPS_LIMITS, description="Frames per second, 0 < fps <= 60."),
     ):
-        check_type(audio, AUDIO_TYPES, "speech upload", AUDIO_EXTRA)
+        check_type(audio, AUDIO_TYPES, "speech upload")
         packet = state.open_avatar(avatar)
         data = await read_limited(audio, cfg.max_upload_bytes)
-        sound, _ = await run_in_threadpool(decode_speech, data, audio.filename or "audio")
+        sound, _ = await run_in_threadpool(decode_speech, data, upload_name(audio.filename))
         name, eng = await run_in_threadpool(state.engine, engine)
 
         def render(job: Job) -> dict:
@@ -296,7 +307,7 @@ def create_app(cfg: ServerConfig | None = None) -> FastAPI:
             return {"clip_id": job.id, "frames": n, "fps": float(rate), "duration_s": round(sound.duration_s, 3), "bytes": out.stat().st_size, "engine": name, "avatar": packet.id, "download_url": f"/clips/{job.id}.mp4"}
 
         job = state.jobs.submit("clip", render)
-        return m.JobAccepted(job_id=job.id, status_url=f"/jobs/{job.id}", clip_id=job.id, download_url=f"/clips/{job.id}.mp4")
+        return m.JobAccepted(job_id=job.id, status_url=f"/jobs/{job.id}", avatar_id=packet.id, clip_id=job.id, download_url=f"/clips/{job.id}.mp4")
 
     @app.get("/clips/{clip_id}.mp4", responses=ERRORS, tags=["clips"], response_class=FileResponse)
     async def download_clip(clip_id: str):
@@ -331,9 +342,9 @@ def create_app(cfg: ServerConfig | None = None) -> FastAPI:
     @app.post("/sessions/{session_id}/speak", response_model=m.SpeakResult, responses=ERRORS, tags=["sessions"])
     async def speak(session_id: str, audio: UploadFile = File(..., description="Speech to say now (barge-in).")):
         s = state.session(session_id)
-        check_type(audio, AUDIO_TYPES, "speech upload", AUDIO_EXTRA)
+        check_type(audio, AUDIO_TYPES, "speech upload")
         data = await read_limited(audio, cfg.max_upload_bytes)
-        sound, speech = await run_in_threadpool(decode_speech, data, audio.filename or "audio")
+        sound, speech = await run_in_threadpool(decode_speech, data, upload_name(audio.filename))
         return await _say(s, sound, speech)
 
     @app.post("/sessions/{session_id}/say", response_model=m.SpeakResult, responses=ERRORS, tags=["sessions"])
@@ -382,32 +393,50 @@ def create_app(cfg: ServerConfig | None = None) -> FastAPI:
     return app
 
 
-def _probe_visual(path: Path, ctype: str) -> None:
-    """422 now (not a failed job later) when the upload is not a readable image/video."""
-    from fastapi import HTTPException as _H
+def _parse_size(size: str) -> tuple[int, int]:
+    """The avatar upload's `size` field as (w, h); 400 saying what is wrong (the shape, or which
+    side breaks geometry.check_output_size, the rule prebake itself applies)."""
+    from ..avatar.geometry import check_output_size
 
+    mt = _SIZE.match(size.strip().lower())
+    if not mt:
+        raise HTTPException(400, f"size must look like WxH, e.g. 512x512, got {size!r}")
+    w, h = int(mt.group(1)), int(mt.group(2))
+    try:
+        check_output_size(w, h)
+    except ValueError as e:
+        raise HTTPException(400, str(e)) from None
+    return w, h
+
+
+def _probe_visual(upload: SavedUpload, ctype: str) -> None:
+    """422 now (not a failed job later) when the upload is not a readable image/video; the
+    message names the client's file, never the temp copy."""
+    name = upload.name
     if ctype.startswith("image/"):
         from PIL import Image, UnidentifiedImageError
 
         try:
-            with Image.open(path) as im:
+            with Image.open(upload.path) as im:
                 im.verify()
-            with Image.open(path) as im:
+            with Image.open(upload.path) as im:
                 w, h = im.size
                 im.load()
-        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
-            raise _H(422, f"the upload is not a readable image ({e.__class__.__name__}: {e})") from None
+        except UnidentifiedImageError:  # its text is only the file's path
+            raise HTTPException(422, f"{name} is not a readable image (no image format recognised)") from None
+        except (OSError, ValueError, SyntaxError) as e:
+            raise HTTPException(422, f"{name} is not a readable image ({e.__class__.__name__}: {upload.explain(e)})") from None
         if w < 64 or h < 64:
-            raise _H(422, f"the image is too small for a face ({w}x{h}; at least 64x64)")
+            raise HTTPException(422, f"{name} is too small for a face ({w}x{h}; at least 64x64)")
         return
     import av
 
     try:
-        with av.open(str(path)) as c:
+        with av.open(str(upload.path)) as c:
             if not c.streams.video:
-                raise _H(422, "the upload has no video stream")
+                raise HTTPException(422, f"{name} has no video stream")
             for _ in c.decode(video=0):
                 return
-        raise _H(422, "no frame of the video can be decoded")
+        raise HTTPException(422, f"no frame of {name} can be decoded")
     except av.FFmpegError as e:
-        raise _H(422, f"the upload is not a readable video ({e})") from None
+        raise HTTPException(422, f"{name} is not a readable video ({upload.explain(e)})") from None

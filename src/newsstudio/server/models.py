@@ -1,4 +1,4 @@
-"""Typed request/response bodies of the HTTP API (they are what /docs shows)."""
+"""Typed request/response bodies of the HTTP API (they are what /openapi.json describes)."""
 from __future__ import annotations
 
 from typing import Literal
@@ -7,6 +7,9 @@ from pydantic import BaseModel, Field
 
 JobState = Literal["queued", "running", "done", "failed"]
 EngineName = Literal["auto", "classic", "musetalk", "ditto"]
+#: Constraints of every fps field (clips, WebRTC offers): NaN and inf refused as such, since NaN
+#: would otherwise fail the range check with a misleading "less than or equal to 60".
+FPS_LIMITS = {"gt": 0, "le": 60, "allow_inf_nan": False}
 
 
 class ErrorBody(BaseModel):
@@ -177,7 +180,7 @@ class OfferRequest(BaseModel):
     type: Literal["offer"]
     avatar: str
     engine: EngineName = "auto"
-    fps: float | None = Field(default=None, gt=0, le=60)
+    fps: float | None = Field(default=None, **FPS_LIMITS)
 
 
 class OfferAnswer(BaseModel):

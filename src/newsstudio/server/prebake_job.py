@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .jobs import Job, JobError
+from .uploads import SavedUpload
 
 _STAGES = {"decode": (0.02, 0.30), "landmarks": (0.30, 0.70), "prebake": (0.70, 0.97)}
 
@@ -23,16 +24,19 @@ def _reporter(job: Job):
     return report
 
 
-def run_prebake(job: Job, source: Path, avatar_id: str, root: Path, size: tuple[int, int] | None, fit: str) -> dict[str, Any]:
+def run_prebake(job: Job, upload: SavedUpload, avatar_id: str, root: Path, size: tuple[int, int] | None, fit: str) -> dict[str, Any]:
+    """Prebake `upload` into avatar `avatar_id`; a failure is a JobError naming the client's file
+    once (prebake's own texts name the temp copy)."""
     from ..avatar.landmarks import NoFaceError
     from ..avatar.prebake import prebake
     from ..media.errors import MediaError
 
     job.update(0.01, "decode")
     try:
-        packet = prebake(source, avatar_id, root=root, size=size, fit=fit, progress=False, progress_cb=_reporter(job))
-    except NoFaceError as e:
-        raise JobError(f"no face found in the upload: {e}") from None
+        packet = prebake(upload.path, avatar_id, root=root, size=size, fit=fit, progress=False, progress_cb=_reporter(job))
+    except NoFaceError as e:  # a photo's names the file ("no face found in x.png"), a video's the frames
+        text = upload.explain(e)
+        raise JobError(text if upload.name in text else f"{upload.name}: {text}") from None
     except (MediaError, ValueError) as e:
-        raise JobError(f"cannot prebake the upload: {e}") from None
+        raise JobError(f"cannot prebake {upload.name}: {upload.explain(e)}") from None
     return {"avatar_id": packet.id, "frames": packet.n_frames, "width": packet.size[0], "height": packet.size[1], "avatar_url": f"/avatars/{packet.id}"}

@@ -21,7 +21,8 @@
         channels (1), audio_samples, state. Chunk k is rendered when its first frame is due on
         the session's media clock (less the server's render_lead_s) and sent when ready, or with
         a render lead (and send_on_clock, the default) when its first frame is due.
-  text  {"type": "error", "message"} before a close with a reason
+  text  {"type": "error", "message"} before a close with a reason; also, with the session
+        going on, for a control message of unknown type (the message names it)
 
 A client that stops reading: chunks wait in a bounded queue (ws_send_queue chunks). When it
 is full the session is closed and freed at once, and the socket is closed with 1008 and a
@@ -41,6 +42,7 @@ import torch
 from fastapi import FastAPI, HTTPException, WebSocket, WebSocketDisconnect
 
 from ..live import LiveSession, SessionError
+from ..media.audio import check_finite
 from .speech_intake import SpeechIntake
 from .state import ServerState
 from .video import H264Encoder
@@ -84,10 +86,14 @@ def _pack(header: dict[str, Any], *payload: bytes | torch.Tensor) -> bytearray:
 
 
 def _pcm(data: bytes, fmt: str) -> np.ndarray:
+    """A PCM message's samples; ValueError (the socket is closed with it) for a malformed one:
+    a cut-off sample, or f32le samples that are NaN or infinite (they would play as noise)."""
     if fmt == "f32le":
         if len(data) % 4:
             raise ValueError("f32le PCM messages must hold a whole number of 4-byte samples")
-        return np.frombuffer(data, "<f4")
+        samples = np.frombuffer(data, "<f4")
+        check_finite(samples, "f32le PCM message")
+        return samples
     if len(data) % 2:
         raise ValueError("s16le PCM messages must hold a whole number of 2-byte samples")
     return np.frombuffer(data, "<i2")
@@ -316,8 +322,9 @@ class WsSession:
                 return
             elif kind == "start":
                 raise _Protocol(CLOSE_POLICY, "the session is already started")
-            else:
-                raise _Protocol(CLOSE_POLICY, f"unknown message type {kind!r}")
+            else:  # a newer client's message, or a typo: say so, the stream goes on
+                await self._text({"type": "error", "message": f"unknown message type {kind!r}; the session goes on "
+                                  "(known: speech_end, interrupt, close)"})
 
     async def _feed(self) -> None:
         """Push the queued speech into the session (off the event loop, see speech_intake.py)."""
