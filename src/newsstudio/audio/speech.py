@@ -20,7 +20,7 @@ MIN_SPEECH_S = 0.1
 
 
 class NoSpeechError(MediaError):
-    """The audio decodes but holds no samples, invalid samples, or no speech."""
+    """The audio decodes but holds no samples or no speech (an `Audio` never holds NaN/inf: media/audio.py)."""
 
 
 def speech_seconds(samples: np.ndarray, sample_rate: int, threshold_dbfs: float = SPEECH_THRESHOLD_DBFS) -> float:
@@ -46,11 +46,9 @@ def speech_seconds(samples: np.ndarray, sample_rate: int, threshold_dbfs: float 
 
 def require_speech(audio: Audio, source: object) -> float:
     """Seconds of speech in `audio`; :class:`NoSpeechError` naming `source` when it has no
-    samples, NaN/inf samples, or less than MIN_SPEECH_S of speech."""
+    samples or less than MIN_SPEECH_S of speech."""
     if audio.num_samples == 0:
         raise NoSpeechError(source, "the audio holds no samples")
-    if not np.isfinite(audio.samples).all():
-        raise NoSpeechError(source, "the audio holds invalid (NaN/inf) samples")
     speech = speech_seconds(audio.samples, audio.sample_rate)
     if speech < MIN_SPEECH_S:
         raise NoSpeechError(source, f"no speech found in the audio ({audio.duration_s:.2f} s of silence or noise below "
