@@ -677,6 +677,32 @@ def test_parallel_segments_make_one_valid_frame_exact_stream(tmp_path, speech2s,
     assert abs(dur["par.mp4"] - dur["one.mp4"]) < 0.03 and abs(dur["par.mp4"] - n / 25) < 0.05
 
 
+def test_a_clip_of_known_length_ends_in_short_segments_over_every_worker(tmp_path, speech2s):
+    """total_frames: once fewer frames are left than a full segment for each worker, segments shrink
+    (at least two frames) so the last frames, which arrive together, are encoded side by side; the
+    file stays one frame-exact stream with an IDR at each segment start, and lossless stays lossless."""
+    n, w, h = 61, 64, 48
+    base = np.random.default_rng(7).integers(0, 255, (h // 8, w // 8, 3), dtype=np.uint8)
+    frames = np.stack([np.roll(np.kron(base, np.ones((8, 8, 1), np.uint8)), 2 * i, axis=1) for i in range(n)])
+    nv12 = rgb_to_nv12(torch.from_numpy(frames)).numpy()  # moving, not a scene cut per frame
+    path = tmp_path / "told.mp4"
+    with Mp4Writer(path, w, h, 25, audio=speech2s, workers=3, segment_frames=8, crf=0, total_frames=n) as wr:
+        for s in range(0, 29, 7):
+            wr.write(nv12[s:s + 7].copy())
+        wr.write(nv12[35:].copy())  # the last 26 frames in one chunk, as a render's last chunk
+    with av.open(str(path)) as c:
+        keys = [i for i, p in enumerate(p for p in c.demux(video=0) if p.size) if p.is_keyframe]
+    starts = np.diff(keys + [n]).tolist()  # frames per segment, from the IDR frames in the file
+    assert sum(starts) == n and starts[:5] == [8] * 5  # full segments while much is left (24+ frames)
+    assert all(b <= a for a, b in zip(starts, starts[1:])) and starts[-3:] == [2, 2, 2]  # then shrinking to 2
+    assert len(starts) - 5 >= 3  # the last chunk's frames went to more segments than there are workers
+    assert leftovers(tmp_path) == []
+    planes = [f.reformat(format="nv12").to_ndarray() for f in decode_all(path)]
+    assert len(planes) == n and all(np.array_equal(a, b) for a, b in zip(planes, nv12))
+    with pytest.raises(ValueError, match="total_frames"):
+        Mp4Writer(tmp_path / "bad.mp4", w, h, 25, total_frames=-1)
+
+
 def test_owned_frames_are_kept_without_a_copy_and_encode_the_same(tmp_path):
     """write(..., owned=True): parallel segments keep the caller's arrays (no 3 MB copy per 1080p
     frame on the caller's thread) and the file is the same as with copies."""

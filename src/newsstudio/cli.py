@@ -247,6 +247,7 @@ def render(
     from tqdm import tqdm
 
     from .avatar.store import resolve_avatar
+    from .audio.source import frames_for_samples
     from .cpus import usable_cpus
     from .media.mp4_writer import X264_PRESETS, Mp4Writer
     from .stream import check_device, check_stream_options, stream_generator
@@ -257,7 +258,7 @@ def render(
         _fail(f"--output {output} is a folder; give a file name, e.g. {output / 'anchor.mp4'}")
     t0 = time.perf_counter()
     with _user_errors():
-        check_stream_options(fps, chunk, "nv12")
+        rate = check_stream_options(fps, chunk, "nv12")
         dev = check_device(device)
         sound = _load_speech(audio, allow_silence)
         packet = resolve_avatar(avatar, avatars, size=_size(size))
@@ -265,11 +266,12 @@ def render(
         eng = _engine(engine, dev, weights, models, accel, triton_convs)
         t_engine = time.perf_counter()
         w, h = packet.size
-        total = int(-(-sound.samples.shape[1] * fps // sound.sample_rate))
+        total = frames_for_samples(sound.num_samples, sound.sample_rate, rate)  # what the stream will make
         n = 0
         first = None
         workers = encode_workers or max(1, min(8, usable_cpus() // 2))
-        with Mp4Writer(output, w, h, fps, audio=sound, crf=crf, preset=preset, pixel_input="nv12", workers=workers) as writer:
+        with Mp4Writer(output, w, h, fps, audio=sound, crf=crf, preset=preset, pixel_input="nv12", workers=workers,
+                       total_frames=total) as writer:
             bar = tqdm(total=total, unit="f", desc=f"render {eng.name}", file=sys.stderr)
             t_start = time.perf_counter()
             for ch in stream_generator(eng, packet, sound, fps=fps, chunk_frames=chunk, output="nv12"):

@@ -25,6 +25,10 @@ Why this shape:
   than that over-subscribes the cores in steady state but lets the last few segments, which
   alone decide when the file is done, finish on all cores: they run as *sliced* threads (one
   frame split across threads, no frame delay), costing a little compression per slice.
+  ``total_frames`` (the clip's length, when the caller knows it: a render does, from the audio):
+  the last segments get shorter, so that the final frames, which arrive together and alone decide
+  when the file is done, are spread over every worker instead of queueing behind one segment of
+  ``segment_frames`` (each segment at least two frames; a few more IDR frames at the very end).
 * Atomic: everything goes to a hidden temp file in the target folder, renamed over ``path``
   only on a clean close; an exception inside ``with`` removes it, so a reader never sees a
   half-written MP4.
@@ -149,7 +153,10 @@ class Mp4Writer:
         workers: int = 1,
         segment_frames: int = 32,
         segment_threads: int | None = None,
+        total_frames: int | None = None,
     ) -> None:
+        if total_frames is not None and total_frames < 0:
+            raise ValueError(f"total_frames must be >= 0, got {total_frames}")
         if workers < 1 or segment_frames < 1 or (segment_threads is not None and segment_threads < 1):
             raise ValueError(f"workers, segment_frames and segment_threads must be >= 1, "
                              f"got {workers}, {segment_frames}, {segment_threads}")
@@ -168,6 +175,8 @@ class Mp4Writer:
         self.frames_written = 0
         self.workers, self.segment_frames = int(workers), int(segment_frames)
         self.segment_threads = int(segment_threads) if segment_threads else max(1, usable_cpus() // self.workers)
+        self.total_frames = None if total_frames is None else int(total_frames)
+        self._segmented = 0  # frames handed to segments so far
         self._pool: ThreadPoolExecutor | None = None
         self._segments: deque[tuple[int, Future]] = deque()  # (frames, future) in stream order
         self._pending: list[tuple[Callable[[np.ndarray], av.VideoFrame], np.ndarray]] = []
@@ -249,10 +258,19 @@ class Mp4Writer:
         out += [(bytes(p), p.pts, p.dts, p.is_keyframe) for p in ctx.encode(None)]
         return bytes(ctx.extradata or b""), out
 
+    def _segment_length(self) -> int:
+        """Frames in the next segment: `segment_frames`, or near the end of a clip of known length
+        the frames still to come shared out over the workers (at least two per segment)."""
+        if self.total_frames is None:
+            return self.segment_frames
+        left = self.total_frames - self._segmented
+        return max(min(2, self.segment_frames), min(self.segment_frames, -(-left // self.workers)))
+
     def _submit(self, final: bool) -> None:
-        while len(self._pending) >= self.segment_frames or (final and self._pending):
-            items, self._pending = self._pending[: self.segment_frames], self._pending[self.segment_frames:]
+        while len(self._pending) >= (size := self._segment_length()) or (final and self._pending):
+            items, self._pending = self._pending[:size], self._pending[size:]
             assert self._pool is not None
+            self._segmented += len(items)
             self._segments.append((len(items), self._pool.submit(self._encode_segment, items)))
             if len(self._segments) > 2 * self.workers:  # bounded memory: wait for the oldest
                 self._mux_segments(block_first=True)
