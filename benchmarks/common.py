@@ -232,9 +232,8 @@ def segment_mp4_figures(engine, packet, audio, fps: int, chunk: int, out_path: P
     (comma-separated `mp4_options` specs, each optionally ``~RAMP``: chunk sizes ramped from RAMP frames
     up to `chunk` and back down at the end (`stream.chunk_size`), ``@MS``: Python's GIL switch
     interval in ms during that run, to see whether the render thread waits for the GIL behind the
-    encoder threads, and a final ``!``: the writer is not told the clip's length (no shorter segments
-    at the end: the writer as before the twentieth session; `render` tells it); median of `repeat`
-    runs each). The first config is the headline `segment_mp4_s`.
+    encoder threads, and a final ``+``: the writer is told the clip's length, so its last segments
+    are shorter (`Mp4Writer(total_frames=)`); median of `repeat` runs each). The first config is the headline `segment_mp4_s`.
 
     Next to each: the file's size and x264 + AAC alone on the very frames this engine rendered
     (kept from the first run, written again from memory in the same chunks): how long the encoders
@@ -247,18 +246,18 @@ def segment_mp4_figures(engine, packet, audio, fps: int, chunk: int, out_path: P
     w, h = packet.size
 
     def spec_parts(spec: str) -> tuple[str, str, str]:
-        """``X264~RAMP@MS[!]`` -> (x264 spec[!], ramp, switch interval ms); absent parts are ''."""
-        untold = spec.endswith("!")
-        spec, _, switch_ms = spec.rstrip("!").partition("@")
+        """``X264~RAMP@MS[+]`` -> (x264 spec[+], ramp, switch interval ms); absent parts are ''."""
+        told = spec.endswith("+")
+        spec, _, switch_ms = spec.rstrip("+").partition("@")
         spec, _, ramp = spec.partition("~")
-        return spec + "!" * untold, ramp, switch_ms
+        return spec + "+" * told, ramp, switch_ms
 
     kept: list = []  # the first run's chunks (fresh arrays each), for the encoder-alone timing
     total = frames_for_samples(audio.num_samples, audio.sample_rate, as_frame_rate(fps))  # the clip's frames, as `render` counts them
 
     def writer(spec: str) -> Mp4Writer:
-        told = not spec.endswith("!")
-        return Mp4Writer(out_path, w, h, fps, audio=audio, pixel_input="nv12", **mp4_options(spec.rstrip("!")),
+        told = spec.endswith("+")
+        return Mp4Writer(out_path, w, h, fps, audio=audio, pixel_input="nv12", **mp4_options(spec.rstrip("+")),
                          total_frames=total if told else None)
 
     def to_mp4(spec: str) -> tuple[float, float, float]:

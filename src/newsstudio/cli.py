@@ -270,8 +270,7 @@ def render(
         n = 0
         first = None
         workers = encode_workers or max(1, min(8, usable_cpus() // 2))
-        with Mp4Writer(output, w, h, fps, audio=sound, crf=crf, preset=preset, pixel_input="nv12", workers=workers,
-                       total_frames=total) as writer:
+        with Mp4Writer(output, w, h, fps, audio=sound, crf=crf, preset=preset, pixel_input="nv12", workers=workers) as writer:
             bar = tqdm(total=total, unit="f", desc=f"render {eng.name}", file=sys.stderr)
             t_start = time.perf_counter()
             for ch in stream_generator(eng, packet, sound, fps=fps, chunk_frames=chunk, output="nv12"):

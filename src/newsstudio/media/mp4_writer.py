@@ -26,9 +26,12 @@ Why this shape:
   alone decide when the file is done, finish on all cores: they run as *sliced* threads (one
   frame split across threads, no frame delay), costing a little compression per slice.
   ``total_frames`` (the clip's length, when the caller knows it: a render does, from the audio):
-  the last segments get shorter, so that the final frames, which arrive together and alone decide
-  when the file is done, are spread over every worker instead of queueing behind one segment of
-  ``segment_frames`` (each segment at least two frames; a few more IDR frames at the very end).
+  the last ``TAIL_SEGMENTS`` segments' worth of frames go in shorter segments, so that the final
+  frames, which arrive together and alone decide when the file is done, are spread over every
+  worker instead of queueing behind one segment of ``segment_frames`` (each segment at least two
+  frames). Off unless asked: the extra IDR frames cost bits (a 165-frame real clip at ultrafast:
+  +3.5 % with 2 workers x 8 frames, +4.4 % with 8 x 4, +17.6 % with 12 x 8; CPU dev machine), and
+  the time it saves is not yet measured where it would show (many cores; benchmarks' ``+`` specs).
 * Atomic: everything goes to a hidden temp file in the target folder, renamed over ``path``
   only on a clean close; an exception inside ``with`` removes it, so a reader never sees a
   half-written MP4.
@@ -67,6 +70,10 @@ _NTSC = (Fraction(24000, 1001), Fraction(30000, 1001), Fraction(60000, 1001))
 _FORMATS = {".mp4": "mp4", ".m4v": "mp4", ".mov": "mov", ".mkv": "matroska"}
 
 PixelInput = Literal["nv12", "rgb"]
+#: With ``total_frames`` known, how many full segments' worth of frames at the end are cut shorter
+#: (one render chunk's worth at the benchmarks' 32-frame chunks and 8-frame segments): each extra
+#: IDR frame costs bits, so only the very end, whose encoding alone decides when the file is done.
+TAIL_SEGMENTS = 4
 
 
 def as_frame_rate(fps: float | int | Fraction) -> Fraction:
@@ -259,11 +266,12 @@ class Mp4Writer:
         return bytes(ctx.extradata or b""), out
 
     def _segment_length(self) -> int:
-        """Frames in the next segment: `segment_frames`, or near the end of a clip of known length
-        the frames still to come shared out over the workers (at least two per segment)."""
-        if self.total_frames is None:
+        """Frames in the next segment: `segment_frames`, or in the last TAIL_SEGMENTS segments' worth
+        of a clip of known length the frames still to come shared out over the workers (at least two
+        per segment)."""
+        left = None if self.total_frames is None else self.total_frames - self._segmented
+        if left is None or left > TAIL_SEGMENTS * self.segment_frames:
             return self.segment_frames
-        left = self.total_frames - self._segmented
         return max(min(2, self.segment_frames), min(self.segment_frames, -(-left // self.workers)))
 
     def _submit(self, final: bool) -> None:
