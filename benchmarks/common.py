@@ -161,14 +161,16 @@ VARIANT_SYNTAX = "ACCEL[:nchw|:cl][:nobench][:norw][:tf32|:notf32][:triton|:trit
 
 def kernel_choices() -> dict[str, Any]:
     """What `TritonConv2d(kernel="auto")` picked per layer shape in this process (accel/kernel_choice.py):
-    how many shapes each implementation won, and per shape the winner and every candidate's ms."""
+    how many shapes each implementation won, per shape the winner and every candidate's ms, and the
+    tile the Triton autotuner chose per shape."""
     from collections import Counter
 
     from newsstudio.accel.kernel_choice import choices
+    from newsstudio.accel.triton_conv import tuned_tiles
 
     picked = choices()
     return {"wins": dict(Counter(w for w, _ in picked.values())),
-            "by_shape": {repr(k): {"winner": w, "ms": t} for k, (w, t) in picked.items()}}
+            "by_shape": {repr(k): {"winner": w, "ms": t} for k, (w, t) in picked.items()}, "tiles": tuned_tiles()}
 
 
 def parse_variant(spec: str) -> dict[str, Any]:

@@ -186,7 +186,10 @@ def main(argv: list[str] | None = None) -> int:
         r = rows[-1]
         print(f"{r['count']}x {r['layers'][0]} {r['x']} w{r['w']}: " + ", ".join(f"{n} {ms:.3f} ms" for n, ms in r["ms"].items())
               + "".join(f"; {n} FAILED {e}" for n, e in r["failed"].items()), flush=True)
-    result = {"machine": machine(), "engine": args.engine, "batch": args.batch, "rows": rows, "totals": totals(rows)}
+    from newsstudio.accel.triton_conv import tuned_tiles
+
+    result = {"machine": machine(), "engine": args.engine, "batch": args.batch, "rows": rows, "totals": totals(rows),
+              "tuned_tiles": tuned_tiles()}
     print(table(rows))
     print(f"one forward's convolutions (ms, batch {args.batch}): " + ", ".join(f"{k} {v:.2f}" for k, v in result["totals"].items()))
     if args.json:

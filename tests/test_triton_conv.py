@@ -408,3 +408,13 @@ def test_engines_calibrate_fp8_on_the_builtin_portrait_the_same_way_every_time()
     assert f_s.shape == (4, 32, 16, 32, 32) and x_s.shape == x_d.shape == (4, 21, 3)
     assert torch.equal(x_d[0], x_s[0]) and 0 < (x_d - x_s).abs().amax() < x_s.abs().amax()
     assert all(torch.equal(a, b) for a, b in zip(ditto.calibration_batch(4), (f_s, x_s, x_d)))
+
+
+def test_the_tuned_tiles_are_reported_per_kernel():
+    """Benchmarks record which tile the autotuner chose per layer shape (`tuned_tiles`); in the
+    interpreter tiles are fixed, so each kernel's record is there and empty."""
+    from newsstudio.accel.triton_conv import tuned_tiles
+
+    conv2d_nhwc(_cl(torch.randn(1, 16, 4, 4)), torch.randn(16, 9 * 16, device=DEVICE), (3, 3), (1, 1))
+    tiles = tuned_tiles()
+    assert set(tiles) == {"pointer", "tma"} and all(isinstance(v, dict) for v in tiles.values())

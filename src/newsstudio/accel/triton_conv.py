@@ -36,7 +36,7 @@ triton = None
 tl = None
 
 __all__ = ["KERNELS", "K_ALIGN", "conv2d_nhwc", "interpreting", "k_waste", "tma_available", "tma_fits", "tma_width",
-           "triton_available"]
+           "triton_available", "tuned_tiles"]
 
 FP8_MIN_BLOCK_K = 32  # the K of one FP8 tensor-core step (wgmma / mma e4m3); narrower tiles do not compile
 K_ALIGN = 8  # input channels must be a multiple of this (16-byte rows for vector and TMA loads in fp16)
@@ -287,6 +287,15 @@ def _kernels() -> dict:
 
 
 _PLAIN = {f.__name__: f for f in (_pid_tiles, _epilogue, _conv_kernel, _conv_kernel_tma)}
+
+
+def tuned_tiles() -> dict[str, dict[str, str]]:
+    """The tile the autotuner chose for each layer shape tuned in this process, per kernel
+    (``{"pointer": {autotune key: config}, ...}``): what a benchmark's timings were made with."""
+    if _kernels.cache_info().currsize == 0:
+        return {}
+    return {name: {repr(key): str(config) for key, config in getattr(tuned, "cache", {}).items()}
+            for name, (_, tuned) in _kernels().items()}
 
 
 @functools.lru_cache(maxsize=None)
