@@ -1148,6 +1148,40 @@ def test_audio_socket_malformed_message_closes_it_and_what_arrived_still_plays(s
     assert info["utterances"] == 1 and info["state"] != "closed"
 
 
+def test_audio_socket_unknown_message_type_gets_the_ws_error_reply_and_goes_on(server):
+    """/sessions/{id}/audio answers a control message of unknown type as /ws does: an error that
+    names it, in the same words; the socket stays open and speech sent after it still arrives."""
+    from websockets.asyncio.client import connect
+
+    pcm = np.clip(np.rint(speechlike(1.0, 48000) * 32767), -32768, 32767).astype("<i2")
+
+    async def run():
+        async with connect(f"{server.ws_url}/ws", max_size=None) as ws:
+            await ws.send(json.dumps({"type": "start", "avatar": "astro", "engine": "classic"}))
+            sid = json.loads(await ws.recv())["session"]
+            async with connect(f"{server.ws_url}/sessions/{sid}/audio?sample_rate=48000&format=s16le") as audio_ws:
+                await audio_ws.send(json.dumps({"type": "dance"}))
+                await audio_ws.send(json.dumps({"no": "type"}))
+                errors = [json.loads(await asyncio.wait_for(audio_ws.recv(), 10)) for _ in range(2)]
+                for a in range(0, pcm.size, 960):
+                    await audio_ws.send(pcm[a : a + 960].tobytes())
+                await audio_ws.send(json.dumps({"type": "speech_end"}))
+                session = server.server.config.app.state.ns.sessions.get(sid)
+                for _ in range(200):  # the intake hands the speech over off the event loop
+                    if session._current is not None and session._current.input_ended:
+                        break
+                    await asyncio.sleep(0.02)
+                taken, ended = session._current.n_src, session._current.input_ended
+            await ws.send(json.dumps({"type": "close"}))
+        return errors, taken, ended
+
+    errors, taken, ended = asyncio.run(run())
+    assert [e["type"] for e in errors] == ["error", "error"], errors
+    assert errors[0]["message"].startswith("unknown message type 'dance'; the session goes on (known: speech_end, interrupt)"), errors
+    assert errors[1]["message"].startswith("unknown message type None;"), errors
+    assert taken == pcm.size and ended  # the socket went on taking speech and controls
+
+
 def test_speak_say_and_streamed_pcm_into_a_live_session(server):
     """REST speech (upload, typed line via espeak-ng when installed) and streamed PCM over
     /sessions/{id}/audio reach a session that a WebSocket client is watching."""

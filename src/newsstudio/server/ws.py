@@ -24,6 +24,11 @@
   text  {"type": "error", "message"} before a close with a reason; also, with the session
         going on, for a control message of unknown type (the message names it)
 
+/sessions/{id}/audio (?sample_rate=48000&format=s16le|f32le), client -> server: bytes PCM
+  speech as on /ws; text {"type": "speech_end"} and {"type": "interrupt"}. Server -> client:
+  text {"type": "error", "message"} for a control message of unknown type, as on /ws (the
+  socket and the session go on); a malformed message closes the socket with 1008 and a reason.
+
 A client that stops reading: chunks wait in a bounded queue (ws_send_queue chunks). When it
 is full the session is closed and freed at once, and the socket is closed with 1008 and a
 reason (delivered when the client reads again); with on_slow="drop" the oldest queued chunk
@@ -60,8 +65,20 @@ LATE_S = 0.25
 STREAM_FORMATS = ("nv12", "h264")  # what a client may ask the chunks to be
 
 
+#: Control messages (text, {"type": ...}) each socket takes.
+WS_CONTROLS = ("speech_end", "interrupt", "close")
+AUDIO_CONTROLS = ("speech_end", "interrupt")
+
+
 class _Slow(Exception):
     pass
+
+
+def unknown_message(kind: Any, known: tuple[str, ...]) -> dict[str, str]:
+    """The reply to a control message of unknown type, the same on every socket: an error that
+    names it, while the session goes on (a newer client's message or a typo should not cost the
+    stream, yet should not pass unnoticed either)."""
+    return {"type": "error", "message": f"unknown message type {kind!r}; the session goes on (known: {', '.join(known)})"}
 
 
 def _pack(header: dict[str, Any], *payload: bytes | torch.Tensor) -> bytearray:
@@ -160,6 +177,8 @@ async def _read_speech(ws: WebSocket, intake: SpeechIntake, fmt: str) -> None:
                 intake.end()
             elif kind == "interrupt":
                 intake.interrupt()
+            else:  # as on /ws: say so, the socket and the session go on
+                await ws.send_text(json.dumps(unknown_message(kind, AUDIO_CONTROLS)))
 
 
 async def _close(ws: WebSocket, code: int, reason: str) -> None:
@@ -323,8 +342,7 @@ class WsSession:
             elif kind == "start":
                 raise _Protocol(CLOSE_POLICY, "the session is already started")
             else:  # a newer client's message, or a typo: say so, the stream goes on
-                await self._text({"type": "error", "message": f"unknown message type {kind!r}; the session goes on "
-                                  "(known: speech_end, interrupt, close)"})
+                await self._text(unknown_message(kind, WS_CONTROLS))
 
     async def _feed(self) -> None:
         """Push the queued speech into the session (off the event loop, see speech_intake.py)."""
