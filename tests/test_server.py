@@ -471,6 +471,27 @@ def test_upload_errors_name_the_clients_file_once_and_never_a_server_path(client
     assert not no_partial_files(server.data)
 
 
+def test_an_uploaded_avatar_records_the_clients_file_name_as_its_source(client, server):
+    """The manifest's source name is the file as the client named it (its base name: no folders),
+    not the server's temp copy (upload-<hex>.png under avatars/.uploads)."""
+    from newsstudio.avatar.packet import open_packet
+
+    png = (server.data / "astronaut.png").read_bytes()
+    try:
+        for avatar_id, sent, recorded in (("named", "C:\\Users\\me\\Anchor Portrait.png", "Anchor Portrait.png"),
+                                          ("nameless", "../..", "upload")):
+            r = client.post("/avatars", files={"file": (sent, png, "image/png")}, data={"id": avatar_id, "size": "128x128"})
+            assert r.status_code == 202, r.text
+            assert wait_job(client, r.json()["job_id"])["state"] == "done"
+            source = open_packet(server.data / "avatars" / avatar_id).meta["source"]
+            assert source["name"] == recorded, source
+            assert source["bytes"] == len(png)
+    finally:
+        for avatar_id in ("named", "nameless"):
+            client.delete(f"/avatars/{avatar_id}")
+    assert not no_partial_files(server.data)
+
+
 # ----------------------------------------------------------------------------- WebSocket
 
 

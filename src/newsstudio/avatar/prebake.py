@@ -47,13 +47,16 @@ def prebake(
     engine_kwargs: dict[str, Any] | None = None,
     faces: Sequence[FaceLandmarks] | None = None,
     progress_cb: ProgressCallback | None = None,
+    source_name: str | None = None,
 ) -> Packet:
     """Build (or rebuild) the packet `avatar_id` from `source`; returns it opened. A failure
     leaves no new packet behind (the `engines` are loaded before anything is written).
 
     `faces`: landmarks detected earlier for exactly these source frames (see landmarks_io);
     detection is skipped then. `progress_cb(stage, done, total)` is told about every frame of
-    each stage ("decode", "landmarks", "prebake"), e.g. for a server job's progress."""
+    each stage ("decode", "landmarks", "prebake"), e.g. for a server job's progress.
+    `source_name`: the name the manifest records as the source (default: the file's own), for a
+    caller whose `source` is a temp copy of someone's file (a server upload)."""
 
     def stage(items: Iterable, desc: str, total: int | None, leave: bool = False) -> Iterator:
         for i, x in enumerate(tqdm(items, total=total, desc=desc, unit="f", disable=not progress, leave=leave)):
@@ -116,7 +119,7 @@ def prebake(
         "roi": {"size": [rw, rh]},
         "framing": {"fit": framing.fit, "scale": framing.scale, "offset": list(framing.offset), "source_size": [sw, sh]},
         "landmarks": {"backend": backend_name, "missing_policy": no_face},
-        "source": {"name": src.name, "sha256": source_digest(src), "bytes": src.stat().st_size},
+        "source": {"name": source_name or src.name, "sha256": source_digest(src), "bytes": src.stat().st_size},
     }
     dest = packet_dir(avatar_id, root)
     existed = dest.exists()

@@ -25,15 +25,17 @@ def _reporter(job: Job):
 
 
 def run_prebake(job: Job, upload: SavedUpload, avatar_id: str, root: Path, size: tuple[int, int] | None, fit: str) -> dict[str, Any]:
-    """Prebake `upload` into avatar `avatar_id`; a failure is a JobError naming the client's file
-    once (prebake's own texts name the temp copy)."""
+    """Prebake `upload` into avatar `avatar_id`, its manifest naming the client's file as the
+    source (not the temp copy); a failure is a JobError naming the client's file once (prebake's
+    own texts name the temp copy)."""
     from ..avatar.landmarks import NoFaceError
     from ..avatar.prebake import prebake
     from ..media.errors import MediaError
 
     job.update(0.01, "decode")
     try:
-        packet = prebake(upload.path, avatar_id, root=root, size=size, fit=fit, progress=False, progress_cb=_reporter(job))
+        packet = prebake(upload.path, avatar_id, root=root, size=size, fit=fit, progress=False, progress_cb=_reporter(job),
+                         source_name=upload.source_name)
     except NoFaceError as e:  # a photo's names the file ("no face found in x.png"), a video's the frames
         text = upload.explain(e)
         raise JobError(text if upload.name in text else f"{upload.name}: {text}") from None

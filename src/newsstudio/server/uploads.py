@@ -135,9 +135,11 @@ def check_type(upload: UploadFile, allowed: tuple[str, ...], what: str) -> str:
 
 
 def client_file_name(filename: str | None) -> str:
-    """The base name the client gave its file (any folders and unprintable characters dropped)."""
+    """The base name the client gave its file (any folders and unprintable characters dropped;
+    "" for none, or for "." and "..", which name folders)."""
     base = re.split(r"[\\/]", filename or "")[-1]
-    return "".join(c for c in base if c.isprintable()).strip()[:120]
+    base = "".join(c for c in base if c.isprintable()).strip()[:120]
+    return "" if base in (".", "..") else base
 
 
 def upload_name(filename: str | None) -> str:
@@ -155,11 +157,23 @@ async def read_limited(upload: UploadFile, limit: int) -> bytes:
 
 @dataclass(frozen=True)
 class SavedUpload:
-    """An upload copied to a temp file on the server. Messages name it as the client did
-    (`name`), never by `path`: the server's folders are none of the client's business."""
+    """An upload copied to a temp file on the server, known by the client's file name
+    (`filename`, client_file_name's; "" when it gave none), never by `path`: the server's
+    folders and temp names are none of the client's business, nor of anyone reading the avatar
+    later."""
 
     path: Path
-    name: str
+    filename: str
+
+    @property
+    def name(self) -> str:
+        """How messages name it (upload_name's: quoted, or "the upload")."""
+        return upload_name(self.filename)
+
+    @property
+    def source_name(self) -> str:
+        """The name an avatar records as its source: the client's, else "upload" + extension."""
+        return self.filename or f"upload{self.path.suffix}"
 
     def explain(self, exc: BaseException) -> str:
         """`exc`'s text for the client: OS and FFmpeg errors by their reason alone (they append
@@ -190,7 +204,7 @@ async def save_upload(upload: UploadFile, folder: Path, limit: int) -> SavedUplo
     except BaseException:
         path.unlink(missing_ok=True)
         raise
-    return SavedUpload(path, upload_name(upload.filename))
+    return SavedUpload(path, client_file_name(upload.filename))
 
 
 def decode_speech(data: bytes, name: str) -> tuple[Audio, float]:
