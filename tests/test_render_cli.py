@@ -97,6 +97,27 @@ def test_serve_warns_when_the_speech_prebuffer_cannot_fill_a_render_request():
     assert "wants --prebuffer-ms" not in r.output, r.output
 
 
+@pytest.mark.parametrize("command", ["render", "serve"])
+def test_a_frame_rate_above_the_maximum_is_refused_in_the_servers_words(tmp_path, astronaut_packet, command):
+    """`render --fps 500` used to write 1000 frames for 2 s of speech while the server refused
+    anything over 60: now one rule (frame_rate.py), whose maximum is Ditto's (the one engine with
+    a ceiling), refuses it before any work with the words /clips, /ws and WebRTC use."""
+    from newsstudio.engines.ditto.resample import MAX_FPS as DITTO_MAX_FPS
+    from newsstudio.frame_rate import MAX_FPS, frame_rate_error
+
+    assert MAX_FPS == DITTO_MAX_FPS
+    out = tmp_path / "x.mp4"
+    if command == "render":
+        args = ["render", "--avatar", str(astronaut_packet.path), "--audio", "builtin:hello", "-o", str(out), "--device", "cpu"]
+    else:
+        args = ["serve", "--port", "1"]  # (port 1: it must not get that far)
+    r = CliRunner().invoke(app, [*args, "--fps", "500"])
+    line = assert_user_error(r, frame_rate_error(500), f"at most {MAX_FPS}")
+    assert "render classic" not in r.output and "warning" not in r.output, r.output
+    assert line.endswith(frame_rate_error(500))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_sigterm_mid_render_leaves_no_partial_file(tmp_path, astronaut_packet):
     """`kill` / `timeout` / a supervisor's SIGTERM unwinds like Ctrl-C: exit status 143, and the
     partial MP4 beside the output is removed (neither a half file nor a stray temp is left)."""
@@ -148,13 +169,14 @@ def stream_error_cases(tmp_path):
         "unknown engine": (["--engine", "bogus"], ["unknown engine 'bogus'"]),
         "bad output": (["--output", "yuv"], ["output must be 'nv12' or 'rgb'"]),
         "zero fps": (["--fps", "0"], ["fps must be positive"]),
+        "fps above the maximum": (["--fps", "500"], ["fps must be at most 120 (the highest frame rate every engine renders), got 500"]),
         "zero chunk": (["--chunk", "0"], ["chunk_frames must be >= 1"]),
         "no weights": (["--engine", "musetalk", "--models", str(tmp_path / "models")], ["musetalk.json is missing"]),
     }
 
 
 @pytest.mark.parametrize("case", ["no such avatar", "no face", "missing audio", "corrupt audio", "unknown engine",
-                                  "bad output", "zero fps", "zero chunk", "no weights"])
+                                  "bad output", "zero fps", "fps above the maximum", "zero chunk", "no weights"])
 def test_stream_reports_user_errors_in_one_line_like_render(tmp_path, astronaut_packet, stream_error_cases, case):
     args, needles = stream_error_cases[case]
     base = {"--avatar": str(astronaut_packet.path), "--audio": "builtin:hello"}

@@ -434,6 +434,51 @@ def test_fps_that_is_not_a_finite_number_is_refused_as_such(client):
         assert any(e["loc"] == ["body", "fps"] and "finite number" in e["msg"] for e in r.json()["detail"]), r.text
 
 
+def test_frame_rate_above_the_maximum_is_refused_in_the_same_words_everywhere(client, server):
+    """/clips, WebRTC offers and the /ws start message follow the CLI's rule (frame_rate.py): up
+    to MAX_FPS (120, the highest rate every engine renders) is accepted, where the server used
+    to stop at 60; above it the error names the maximum in the CLI's words."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    from newsstudio.frame_rate import MAX_FPS, frame_rate_error
+
+    expected = frame_rate_error(500)
+    assert expected == f"fps must be at most {MAX_FPS} (the highest frame rate every engine renders), got 500"
+    speech = wav_bytes(speechlike(0.5, 16000), 16000)
+    r = client.post("/clips", files={"audio": ("s.wav", speech, "audio/wav")}, data={"avatar": "astro", "fps": "500"})
+    assert r.status_code == 422, r.text
+    (e,) = r.json()["detail"]
+    assert e["loc"] == ["body", "fps"] and e["msg"] == expected, e
+    r = client.post("/webrtc/offer", json={"sdp": "v=0", "type": "offer", "avatar": "astro", "fps": 500})
+    assert r.status_code == 422, r.text
+    assert [e["msg"] for e in r.json()["detail"] if e["loc"] == ["body", "fps"]] == [expected], r.text
+    r = client.post("/clips", files={"audio": ("s.wav", speech, "audio/wav")}, data={"avatar": "astro", "engine": "classic", "fps": str(MAX_FPS)})
+    assert r.status_code == 202, r.text
+    job = wait_job(client, r.json()["job_id"])
+    assert job["state"] == "done" and job["result"]["fps"] == MAX_FPS and job["result"]["frames"] == MAX_FPS // 2, job
+    schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    for schema in (schemas["OfferRequest"]["properties"]["fps"], schemas["Body_create_clip_clips_post"]["properties"]["fps"]):
+        assert MAX_FPS in [s.get("maximum") for s in (schema, *schema.get("anyOf", []))], schema
+
+    async def ws_start(fps: float):
+        async with connect(f"{server.ws_url}/ws", max_size=None) as ws:
+            await ws.send(json.dumps({"type": "start", "avatar": "astro", "engine": "classic", "fps": fps}))
+            first = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            if first["type"] == "started":
+                await ws.send(json.dumps({"type": "close"}))
+            with pytest.raises(ConnectionClosed) as exc:
+                while True:
+                    await asyncio.wait_for(ws.recv(), 10)
+            return first, exc.value.rcvd
+
+    first, close = asyncio.run(ws_start(500))
+    assert first == {"type": "error", "message": expected}
+    assert close is not None and close.code == 1008 and close.reason == expected, close
+    first, close = asyncio.run(ws_start(MAX_FPS))
+    assert first["type"] == "started" and first["fps"] == MAX_FPS and close.code == 1000, (first, close)
+
+
 def test_upload_errors_name_the_clients_file_once_and_never_a_server_path(client, server):
     """422s and failed prebake jobs name the file as the client sent it ("'portrait.png'"), once:
     not the server's temp copy (its folder or its upload-<hex> name)."""

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from .frame_rate import MAX_FPS
+
 if TYPE_CHECKING:
     import torch
 
@@ -183,7 +185,7 @@ AccelOpt = typer.Option("auto", help="How neural networks run on CUDA: auto (ren
 AvatarOpt = typer.Option(..., help="Avatar id, packet folder, source video/photo, or builtin:astronaut.")
 AudioOpt = typer.Option(..., help="Speech file (wav/mp3/m4a/flac/...), or builtin:hello.")
 EngineOpt = typer.Option("auto", help="classic, musetalk, ditto, or auto (first neural engine with weights, else classic).")
-FpsOpt = typer.Option(25.0, help="Output frame rate.")
+FpsOpt = typer.Option(25.0, help=f"Output frame rate, above 0 and at most {MAX_FPS}.")
 DeviceOpt = typer.Option(None, help="cpu, cuda, cuda:1 ... (default: cuda if available).")
 WeightsOpt = typer.Option("official", help="official (from --models) or random (seeded; benchmarks only).")
 AllowSilenceOpt = typer.Option(False, "--allow-silence", help="Render audio without speech (a silent presenter) "
@@ -376,7 +378,7 @@ def serve(
     max_render_fps: Optional[str] = typer.Option(None, help="Frames/s this GPU renders, for all engines (420) or per "
                                                  "engine (musetalk=420,ditto=240): sessions that would not fit are "
                                                  "refused (503, Retry-After) instead of making every session late."),
-    fps: float = typer.Option(25.0, help="Frame rate of live sessions."),
+    fps: float = typer.Option(25.0, help=f"Frame rate of live sessions whose client names none (at most {MAX_FPS})."),
     clips: Optional[Path] = typer.Option(None, help="Folder for rendered clips (default clips/ beside the avatars, or $NEWSSTUDIO_CLIPS)."),
     max_upload_mb: int = typer.Option(200, help="Largest accepted upload (audio or avatar source), MB."),
     accel: str = AccelOpt,
@@ -408,17 +410,19 @@ def serve(
     """Start the HTTP/WebSocket/WebRTC server with the web page at /."""
     from .engines.batching import check_compose
     from .engines.registry import ENGINES, check_triton_convs
+    from .frame_rate import check_frame_rate
     from .render_budget import RenderBudget
     from .server.state import ServerConfig
     from .stream import check_device
 
-    needed_ms = 1000 * render_ahead / fps
-    if render_ahead > ServerConfig.render_ahead and prebuffer_ms < needed_ms:  # raised for density, not paired
-        typer.secho(f"warning: --render-ahead {render_ahead} at {fps:g} fps wants --prebuffer-ms >= {needed_ms:.0f} "
-                    f"(a live request renders only frames whose speech has arrived: with {prebuffer_ms:g} ms its "
-                    "requests come up short, so GPU batches are smaller and fewer streams fit)",
-                    fg=typer.colors.YELLOW, err=True)
     try:
+        check_frame_rate(fps)  # every session's rate unless a client asks for another
+        needed_ms = 1000 * render_ahead / fps
+        if render_ahead > ServerConfig.render_ahead and prebuffer_ms < needed_ms:  # raised for density, not paired
+            typer.secho(f"warning: --render-ahead {render_ahead} at {fps:g} fps wants --prebuffer-ms >= {needed_ms:.0f} "
+                        f"(a live request renders only frames whose speech has arrived: with {prebuffer_ms:g} ms its "
+                        "requests come up short, so GPU batches are smaller and fewer streams fit)",
+                        fg=typer.colors.YELLOW, err=True)
         check_device(device)  # before any engine loads
         check_compose(compose)
         check_triton_convs(triton_convs)

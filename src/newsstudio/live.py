@@ -48,6 +48,7 @@ from .audio.speech import MIN_SPEECH_S, speech_seconds
 from .avatar.packet import Packet
 from .compose.colour import nv12_to_rgb
 from .engines.base import AvatarLayer, Engine
+from .frame_rate import check_frame_rate
 from .media.audio import Audio, audio_from_array, load_audio
 from .render_budget import RenderBudget
 from .stream import StreamSession, background_for
@@ -485,11 +486,11 @@ class LiveSession:
         self.engine_name = engine_name or engine.name
         self.packet = packet
         self.avatar_id = packet.id
-        self.fps = as_fraction(fps)
+        self.fps = check_frame_rate(fps)  # the rule of every entry point (frame_rate.py)
         self.out_rate = int(out_rate)
         self.render_ahead = max(1, int(render_ahead))
         self.prebuffer_s = float(prebuffer_s)
-        self.prebuffer_frames = max(1, math.ceil(self.prebuffer_s * float(as_fraction(fps))))
+        self.prebuffer_frames = max(1, math.ceil(self.prebuffer_s * float(self.fps)))
         self.clock = MediaClock(self.fps, time_source, self.out_rate)
         self.layer = engine.load_avatar(packet)
         self.stream = StreamSession(engine, self.layer, background_for(engine, packet), self.fps, renderer=renderer)

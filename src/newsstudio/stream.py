@@ -32,11 +32,12 @@ from typing import Any, Literal, get_args
 import numpy as np
 import torch
 
-from .audio.source import AudioSource, as_fraction, frame_sample, frames_for_samples
+from .audio.source import AudioSource, frame_sample, frames_for_samples
 from .avatar.packet import Packet
 from .compose.banner import random_weights_banner
 from .compose.colour import nv12_to_rgb
 from .compose.splice import roi_offsets, splice_nv12
+from .frame_rate import check_frame_rate
 from .accel.host_copy import to_host_async
 from .engines.base import AvatarLayer, Engine, pingpong_index
 from .engines.batching import RenderBatcher
@@ -216,14 +217,15 @@ def check_stream_options(fps: float | Fraction, chunk_frames: int, output: str, 
     """The exact frame rate, once fps, chunk size and output kind are known to be usable.
 
     Separate from :func:`stream_generator` so a caller (the CLI) can refuse bad values before it
-    loads an engine, which takes minutes on a GPU."""
+    loads an engine, which takes minutes on a GPU. The frame rate follows the one rule of every
+    entry point (frame_rate.py)."""
     if output not in get_args(Output):
         raise ValueError(f"output must be {' or '.join(map(repr, get_args(Output)))}, got {output!r}")
     if chunk_frames < 1:
         raise ValueError(f"chunk_frames must be >= 1, got {chunk_frames}")
     if not 0 <= ramp_frames <= chunk_frames:
         raise ValueError(f"ramp_frames must be in [0, chunk_frames={chunk_frames}], got {ramp_frames}")
-    return as_fraction(fps)
+    return check_frame_rate(fps)
 
 
 def resolve_avatar(avatar: str | os.PathLike[str] | Packet) -> Packet:

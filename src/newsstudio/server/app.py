@@ -22,6 +22,7 @@ import time
 from contextlib import asynccontextmanager
 from fractions import Fraction
 from pathlib import Path
+from typing import Annotated
 
 from fastapi import FastAPI, File, Form, HTTPException, Request, UploadFile
 from fastapi.encoders import jsonable_encoder
@@ -31,6 +32,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
 from .. import __version__ as _version
+from ..frame_rate import MAX_FPS
 from ..media.errors import MediaError
 from . import models as m
 from .jobs import Job
@@ -279,7 +281,7 @@ def create_app(cfg: ServerConfig | None = None) -> FastAPI:
         audio: UploadFile = File(..., description="Speech: wav, mp3, m4a, flac, ogg, webm, or a video's audio track."),
         avatar: str = Form(..., description="Avatar id."),
         engine: m.EngineName = Form("auto"),
-        fps: float = Form(25.0, **m.FPS_LIMITS, description="Frames per second, 0 < fps <= 60."),
+        fps: Annotated[m.Fps, Form(description=f"Frames per second, 0 < fps <= {MAX_FPS}.")] = 25.0,  # (a Form() default would drop Fps's check)
     ):
         check_type(audio, AUDIO_TYPES, "speech upload")
         packet = state.open_avatar(avatar)

@@ -1,15 +1,28 @@
 """Typed request/response bodies of the HTTP API (they are what /openapi.json describes)."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
+from pydantic_core import PydanticCustomError
+
+from ..frame_rate import MAX_FPS, frame_rate_error
 
 JobState = Literal["queued", "running", "done", "failed"]
 EngineName = Literal["auto", "classic", "musetalk", "ditto"]
-#: Constraints of every fps field (clips, WebRTC offers): NaN and inf refused as such, since NaN
-#: would otherwise fail the range check with a misleading "less than or equal to 60".
-FPS_LIMITS = {"gt": 0, "le": 60, "allow_inf_nan": False}
+
+
+def _frame_rate(fps: float) -> float:
+    """The CLI's frame-rate rule (frame_rate.py) with its own words as the 422's msg, instead of
+    pydantic's range texts: a rate is refused the same way wherever it is typed."""
+    error = frame_rate_error(fps)
+    if error is not None:
+        raise PydanticCustomError("frame_rate", error)
+    return fps
+
+
+#: Every fps field (clips, WebRTC offers). The schema states the range; _frame_rate enforces it.
+Fps = Annotated[float, AfterValidator(_frame_rate), Field(json_schema_extra={"exclusiveMinimum": 0, "maximum": MAX_FPS})]
 
 
 class ErrorBody(BaseModel):
@@ -180,7 +193,7 @@ class OfferRequest(BaseModel):
     type: Literal["offer"]
     avatar: str
     engine: EngineName = "auto"
-    fps: float | None = Field(default=None, **FPS_LIMITS)
+    fps: Fps | None = None
 
 
 class OfferAnswer(BaseModel):

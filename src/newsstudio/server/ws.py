@@ -46,6 +46,7 @@ import numpy as np
 import torch
 from fastapi import FastAPI, HTTPException, WebSocket, WebSocketDisconnect
 
+from ..frame_rate import frame_rate_error
 from ..live import LiveSession, SessionError
 from ..media.audio import check_finite
 from .speech_intake import SpeechIntake
@@ -291,8 +292,10 @@ class WsSession:
             fps = float(fps) if fps is not None else None
         except (TypeError, ValueError):
             raise _Protocol(CLOSE_POLICY, "chunk_frames, sample_rate and fps must be numbers") from None
-        if not 1 <= chunk <= 64 or not 8000 <= sr <= 192000 or (fps is not None and not 0 < fps <= 60):
-            raise _Protocol(CLOSE_POLICY, "chunk_frames must be 1..64, sample_rate 8000..192000, fps 0..60")
+        if not 1 <= chunk <= 64 or not 8000 <= sr <= 192000:
+            raise _Protocol(CLOSE_POLICY, "chunk_frames must be 1..64 and sample_rate 8000..192000")
+        if fps is not None and (error := frame_rate_error(fps)) is not None:
+            raise _Protocol(CLOSE_POLICY, error)
         on_slow = d.get("on_slow", "close")
         if on_slow not in ("close", "drop"):
             raise _Protocol(CLOSE_POLICY, "on_slow must be 'close' or 'drop'")
