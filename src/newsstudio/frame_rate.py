@@ -3,7 +3,7 @@ render / stream / serve, stream_generator, live sessions, HTTP /clips, the /ws s
 WebRTC offers), so a rate is accepted or refused the same way wherever it is typed.
 
 Why MAX_FPS = 120: it is the highest rate every engine renders. Ditto generates its motion at
-25 fps and resamples it for 1-120 fps (engines/ditto/resample.py, its MIN_FPS/MAX_FPS); classic
+25 fps and resamples it for 1-120 fps (engines/ditto/resample.py takes its ceiling from here); classic
 and MuseTalk have no ceiling of their own, but a rate far above what displays show (`--fps 500`
 wrote 500 frames per second of speech) is a typo, not a presenter, and one ceiling for all engines
 means a rate that works with one engine works with the others.

@@ -27,11 +27,12 @@ from fractions import Fraction
 
 import torch
 
+from ...frame_rate import MAX_FPS
 from ..base import FrameQueue
 from .motion_stitch import MOTION_LAYOUT, POSE_KEYS
 
-#: Output frame rates accepted (frames per second)
-MIN_FPS, MAX_FPS = 1, 120
+#: Output frame rates accepted (frames per second): up to every entry point's ceiling (frame_rate.py)
+MIN_FPS = 1
 
 
 def _pose_columns(offset: int) -> list[slice]:
