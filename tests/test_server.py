@@ -3,6 +3,7 @@ WebSocket client, and two real aiortc peers. Classic engine on CPU, 256x256 avat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import math
@@ -1183,24 +1184,32 @@ def test_a_stalled_render_batch_ends_its_sessions_with_a_reason_and_fails_the_he
         assert httpx.get(f"{srv.url}/health", timeout=10).json()["stalled_batchers"] == []
 
 
+@contextlib.asynccontextmanager
+async def _session_and_audio_socket(server):
+    """A classic live session started on /ws, and its /sessions/{id}/audio socket (s16le, 48 kHz)."""
+    from websockets.asyncio.client import connect
+
+    async with connect(f"{server.ws_url}/ws", max_size=None) as ws:
+        await ws.send(json.dumps({"type": "start", "avatar": "astro", "engine": "classic"}))
+        sid = json.loads(await ws.recv())["session"]
+        async with connect(f"{server.ws_url}/sessions/{sid}/audio?sample_rate=48000&format=s16le") as audio_ws:
+            yield ws, sid, audio_ws
+
+
 def test_audio_socket_malformed_message_closes_it_and_what_arrived_still_plays(server):
     """A malformed control message on /sessions/{id}/audio closes that socket with 1008 and the
     reason; the speech it sent before still reaches the session in full, and the session goes on."""
-    from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed
 
     pcm = np.clip(np.rint(speechlike(1.0, 48000) * 32767), -32768, 32767).astype("<i2")
 
     async def run():
-        async with connect(f"{server.ws_url}/ws", max_size=None) as ws:
-            await ws.send(json.dumps({"type": "start", "avatar": "astro", "engine": "classic"}))
-            sid = json.loads(await ws.recv())["session"]
-            async with connect(f"{server.ws_url}/sessions/{sid}/audio?sample_rate=48000&format=s16le") as audio_ws:
-                for a in range(0, pcm.size, 960):
-                    await audio_ws.send(pcm[a : a + 960].tobytes())
-                await audio_ws.send("{not json")
-                with pytest.raises(ConnectionClosed) as exc:
-                    await asyncio.wait_for(audio_ws.recv(), 10)
+        async with _session_and_audio_socket(server) as (ws, sid, audio_ws):
+            for a in range(0, pcm.size, 960):
+                await audio_ws.send(pcm[a : a + 960].tobytes())
+            await audio_ws.send("{not json")
+            with pytest.raises(ConnectionClosed) as exc:
+                await asyncio.wait_for(audio_ws.recv(), 10)
             session = server.server.config.app.state.ns.sessions.get(sid)
             taken, ended = session._current.n_src, session._current.input_ended
             async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
@@ -1217,27 +1226,22 @@ def test_audio_socket_malformed_message_closes_it_and_what_arrived_still_plays(s
 def test_audio_socket_unknown_message_type_gets_the_ws_error_reply_and_goes_on(server):
     """/sessions/{id}/audio answers a control message of unknown type as /ws does: an error that
     names it, in the same words; the socket stays open and speech sent after it still arrives."""
-    from websockets.asyncio.client import connect
-
     pcm = np.clip(np.rint(speechlike(1.0, 48000) * 32767), -32768, 32767).astype("<i2")
 
     async def run():
-        async with connect(f"{server.ws_url}/ws", max_size=None) as ws:
-            await ws.send(json.dumps({"type": "start", "avatar": "astro", "engine": "classic"}))
-            sid = json.loads(await ws.recv())["session"]
-            async with connect(f"{server.ws_url}/sessions/{sid}/audio?sample_rate=48000&format=s16le") as audio_ws:
-                await audio_ws.send(json.dumps({"type": "dance"}))
-                await audio_ws.send(json.dumps({"no": "type"}))
-                errors = [json.loads(await asyncio.wait_for(audio_ws.recv(), 10)) for _ in range(2)]
-                for a in range(0, pcm.size, 960):
-                    await audio_ws.send(pcm[a : a + 960].tobytes())
-                await audio_ws.send(json.dumps({"type": "speech_end"}))
-                session = server.server.config.app.state.ns.sessions.get(sid)
-                for _ in range(200):  # the intake hands the speech over off the event loop
-                    if session._current is not None and session._current.input_ended:
-                        break
-                    await asyncio.sleep(0.02)
-                taken, ended = session._current.n_src, session._current.input_ended
+        async with _session_and_audio_socket(server) as (ws, sid, audio_ws):
+            await audio_ws.send(json.dumps({"type": "dance"}))
+            await audio_ws.send(json.dumps({"no": "type"}))
+            errors = [json.loads(await asyncio.wait_for(audio_ws.recv(), 10)) for _ in range(2)]
+            for a in range(0, pcm.size, 960):
+                await audio_ws.send(pcm[a : a + 960].tobytes())
+            await audio_ws.send(json.dumps({"type": "speech_end"}))
+            session = server.server.config.app.state.ns.sessions.get(sid)
+            for _ in range(200):  # the intake hands the speech over off the event loop
+                if session._current is not None and session._current.input_ended:
+                    break
+                await asyncio.sleep(0.02)
+            taken, ended = session._current.n_src, session._current.input_ended
             await ws.send(json.dumps({"type": "close"}))
         return errors, taken, ended
 
