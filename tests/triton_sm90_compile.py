@@ -47,8 +47,8 @@ class LayerShape:
 
 
 #: The shapes that exercise each branch: MuseTalk's VAE decoder levels (512 channels at 32 and 64 wide,
-#: 128 at 256: TMA patches of 4, 1 and 1 rows; a 1x1 shortcut with the residual fused; a 2x2 phase conv,
-#: 65 wide: no TMA), and
+#: 128 at 256: no TMA, 64- and 128-pixel TMA rows; a 1x1 shortcut with the residual fused; a 2x2 phase
+#: conv, 65 wide: no TMA), and
 #: channel counts that leave a tap's last K step partly masked (Ditto's 16-, 48- and 144-channel layers).
 SHAPES = (
     LayerShape(512, 512, 3, 3, 1, 1, 32, 32),

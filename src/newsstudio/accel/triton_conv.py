@@ -36,7 +36,7 @@ triton = None
 tl = None
 
 __all__ = ["KERNELS", "K_ALIGN", "conv2d_nhwc", "interpreting", "k_waste", "tma_available", "tma_fits", "tma_width",
-           "triton_available", "tuned_tiles"]
+           "triton_available", "tuned_tiles", "TMA_WIDTHS"]
 
 FP8_MIN_BLOCK_K = 32  # the K of one FP8 tensor-core step (wgmma / mma e4m3); narrower tiles do not compile
 K_ALIGN = 8  # input channels must be a multiple of this (16-byte rows for vector and TMA loads in fp16)
@@ -140,15 +140,13 @@ def _tma_configs() -> list:
 def _prune_tma(configs, named_args, **kwargs):
     """`_prune` over the tiles whose box rows take at most 128 bytes (the widest swizzled shared-memory
     row TMA writes: BLOCK_K 64 in fp16, 128 in FP8) and whose patch is whole rows of BW pixels, one
-    row (BLOCK_M = BW) where there is such a tile: then the box lands in shared memory as the
-    [BLOCK_M, BLOCK_K] operand itself and the tensor cores read it in place, while a taller patch
-    is reshaped through registers first (seen in the kernel compiled for sm_90 by Triton 3.6 and 3.9)."""
+    row (BLOCK_M = BW): the box lands in shared memory as the [BLOCK_M, BLOCK_K] operand itself and
+    the tensor cores read it in place (a taller patch is reshaped through registers first: seen in
+    the kernel compiled for sm_90 by Triton 3.6 and 3.9; `TMA_WIDTHS`)."""
     desc = kwargs.get("x_desc", named_args.get("x_desc"))
     width = desc.base.element_size() if desc is not None else 2
     bw = kwargs.get("BW", named_args.get("BW")) or 128
-    rows = [c for c in configs if c.kwargs["BLOCK_M"] % bw == 0]
-    one_row = [c for c in rows if c.kwargs["BLOCK_M"] == bw]
-    rows = one_row or [c for c in rows if c.kwargs["BLOCK_M"] == 128] or rows
+    rows = [c for c in configs if c.kwargs["BLOCK_M"] == bw]
     keep = _prune([c for c in rows if c.kwargs["BLOCK_K"] * width <= 128], named_args, **kwargs)
     return keep or _prune(rows, named_args, **kwargs)
 
@@ -303,10 +301,18 @@ def _dummy(device: torch.device) -> torch.Tensor:
     return torch.zeros(1, dtype=torch.float32, device=device)
 
 
+#: TMA patch widths: one output row of 128 or 64 pixels per tile. Taller patches of narrower rows
+#: are reshaped through registers (slow: seen in the sm_90 code) and on the H200 (Triton 3.6) gave
+#: wrong fp16 results for 32-wide layers (2e-1 relative error; twentieth session), so those layers
+#: take the pointer kernel.
+TMA_WIDTHS = (128, 64)
+
+
 def tma_width(ow: int, block_m: int = 128) -> int | None:
-    """The TMA kernel's patch width for an output ``ow`` pixels wide: the widest of 128 ... 8 that
-    divides it and ``block_m`` (no tile wasted on the right edge), or None (the pointer kernel)."""
-    return next((bw for bw in (128, 64, 32, 16, 8) if bw <= block_m and ow % bw == 0 and block_m % bw == 0), None)
+    """The TMA kernel's patch width for an output ``ow`` pixels wide: the widest of `TMA_WIDTHS`
+    that divides it and is at most ``block_m`` (no tile wasted on the right edge), or None (the
+    pointer kernel)."""
+    return next((bw for bw in TMA_WIDTHS if bw <= block_m and ow % bw == 0), None)
 
 
 def tma_fits(x: torch.Tensor, packed: torch.Tensor, out_width: int) -> bool:
@@ -392,8 +398,8 @@ def conv2d_nhwc(
                  HAS_RES=residual is not None, SCALED=scaled)
     if x.device.type != "cuda" and not interpreting():
         raise ValueError(f"the Triton convolution runs on CUDA (or in Triton's interpreter), not on {x.device}")
-    if block is None and interpreting():
-        block = (32, 32, 32 if c_in >= 32 else 16)
+    if block is None and interpreting():  # small fixed tiles; a TMA tile is one row of TMA_WIDTHS pixels
+        block = (64 if kernel == "tma" else 32, 32, 32 if c_in >= 32 else 16)
     plain, tuned = _kernels()[kernel]
     if kernel == "pointer":
         m = b * oh * ow
@@ -408,7 +414,7 @@ def conv2d_nhwc(
         bm = 128 if block is None else block[0]
         bw = tma_width(ow, bm)
         if bw is None or not tma_fits(x, weight, ow) or not tma_available(x.device):
-            raise ValueError(f"the TMA kernel needs Hopper+, 16-byte channel rows and an output width that 8 divides; "
+            raise ValueError(f"the TMA kernel needs Hopper+, 16-byte channel rows and an output width that one of {TMA_WIDTHS} divides; "
                              f"got {c_in} channels of {x.dtype}, output width {ow}")
         bk, bn = (block[2], block[1]) if block is not None else (16, 16)  # boxes reset per tile config
         x_desc = TensorDescriptor(x, [b, h, w, c_in], [h * w * c_in, w * c_in, c_in, 1], [1, bm // bw, bw, bk])
