@@ -188,6 +188,14 @@ def test_fp8_static_scale_comes_from_calibration():
     torch.testing.assert_close(m.x_scale.cpu(), (2 * small.abs().amax() / E4M3_MAX).reshape(1).cpu())
     with pytest.raises(ValueError, match="headroom"):
         calibrate_fp8_(net, lambda: net(small), headroom=0.5)
+    # a conv the sample run does not reach (a VAE's encoder while decoding) stays uncalibrated; none reached: an error
+    unused = TritonConv2d.from_conv(nn.Conv2d(16, 32, 3, padding=1).to(DEVICE), "fp8-static")
+    pair = nn.ModuleList([TritonConv2d.from_conv(conv, "fp8-static"), unused])
+    assert calibrate_fp8_(pair, lambda: pair[0](small)) == 1 and pair[0].calibrated and not unused.calibrated
+    with pytest.raises(RuntimeError, match="calibrate_fp8_"):
+        unused(small)
+    with pytest.raises(RuntimeError, match="no input"):
+        calibrate_fp8_(pair, lambda: None)
     mode, swapped = with_triton_convs(nn.Sequential(conv), "fp8-static", DEVICE)
     assert mode == "fp8-static" and isinstance(swapped[0], TritonConv2d) and not swapped[0].calibrated
 
