@@ -170,20 +170,30 @@ class TritonConv2d(nn.Module):
             return y if residual is None else y + residual
         (kh, kw), (ph, pw) = self.kernel_size, self.padding
         out_dtype = self.weight.dtype  # the network's dtype, as a conv under autocast gives
+        residual = None if residual is None else _nhwc(residual)
         if not self.fp8:
-            return _triton_conv2d(x.to(out_dtype), self.packed, self.weight, self.bias, residual, None, None, kh, kw, ph, pw,
+            return _triton_conv2d(_nhwc(x.to(out_dtype)), self.packed, self.weight, self.bias, residual, None, None, kh, kw, ph, pw,
                                   out_dtype, self.kernel)
         if self.mode == "fp8-static" and self._amax is None:
             if not self.calibrated:
                 raise RuntimeError("an fp8-static TritonConv2d needs calibrate_fp8_ before it runs")
-            xq = (x * self.x_inv_scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3)
+            xq = _nhwc((x * self.x_inv_scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3))
             return _triton_conv2d(xq, self.packed, None, self.bias, residual, self.x_scale, self.w_scale, kh, kw, ph, pw,
                                   out_dtype, self.kernel)
         if self._amax is not None:  # calibrating
             self._amax = torch.maximum(self._amax, x.abs().amax().float())
         xq, x_scale = quantize_e4m3(x, "tensor")
-        return _triton_conv2d(xq, self.packed, None, self.bias, residual, x_scale.reshape(1), self.w_scale, kh, kw, ph, pw,
+        return _triton_conv2d(_nhwc(xq), self.packed, None, self.bias, residual, x_scale.reshape(1), self.w_scale, kh, kw, ph, pw,
                               out_dtype, self.kernel)
+
+
+def _nhwc(t: torch.Tensor) -> torch.Tensor:
+    """``t`` channels-last, converted here in the traced graph rather than inside the op: Inductor
+    then writes the producer's output (GroupNorm + SiLU, the FP8 quantisation) in that layout in
+    the same kernel, where a copy inside the opaque op would be one more pass over the activation
+    (the meta GroupNorm, like CUDA's, returns NCHW whatever its input's layout). A no-op when
+    ``t`` is channels-last already."""
+    return t.contiguous(memory_format=torch.channels_last)
 
 
 def calibrate_fp8_(module: nn.Module, run: Callable[[], object], headroom: float = 1.0) -> int:
