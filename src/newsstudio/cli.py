@@ -342,7 +342,7 @@ def _paced(sound: Audio) -> Iterator[Audio]:
         delay = t + i / sound.sample_rate - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
-        yield Audio(np.ascontiguousarray(sound.samples[:, i : i + step]), sound.sample_rate)
+        yield Audio(np.ascontiguousarray(sound.samples[:, i : i + step]), sound.sample_rate, finite_checked=True)
 
 
 @weights_app.command("check")

@@ -135,7 +135,7 @@ def _blocks(a: Audio, block_s: float) -> Iterator[Audio]:
         raise ValueError("the audio is empty (0 samples)")
     step = max(1, int(block_s * a.sample_rate))
     for i in range(0, n, step):
-        yield Audio(a.samples[:, i : i + step], a.sample_rate)
+        yield a.slice_samples(i, i + step)
 
 
 def _live(it: Iterator, sample_rate: int | None) -> Iterator[Audio]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import uuid
 import wave
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from pathlib import Path
 
 import av
@@ -33,12 +33,16 @@ class Audio:
 
     Values are not clipped (a decoder may overshoot slightly); writers clip. They are always
     finite: NaN or infinite samples raise :class:`NonFiniteAudioError` (see :func:`check_finite`).
+    ``finite_checked=True`` skips that scan, for samples already checked where they entered (a
+    loader naming its file) or derived from an ``Audio`` (a slice per stream chunk, the mean of
+    channels, a resampling): one scan per sound, not one per chunk.
     """
 
     samples: np.ndarray
     sample_rate: int
+    finite_checked: InitVar[bool] = False
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, finite_checked: bool) -> None:
         s = self.samples
         if not isinstance(s, np.ndarray) or s.ndim != 2 or s.dtype != np.float32:
             raise ValueError(
@@ -47,7 +51,8 @@ class Audio:
             )
         if not 1 <= s.shape[0] <= MAX_CHANNELS:
             raise ValueError(f"Audio must have 1..{MAX_CHANNELS} channels, got {s.shape[0]}")
-        check_finite(s, "audio")
+        if not finite_checked:
+            check_finite(s, "audio")
         if int(self.sample_rate) != self.sample_rate or self.sample_rate <= 0:
             raise ValueError(f"sample_rate must be a positive integer, got {self.sample_rate!r}")
         object.__setattr__(self, "sample_rate", int(self.sample_rate))
@@ -69,7 +74,7 @@ class Audio:
         """Average of the channels (itself when already mono)."""
         if self.channels == 1:
             return self
-        return Audio(self.samples.mean(axis=0, keepdims=True, dtype=np.float32), self.sample_rate)
+        return Audio(self.samples.mean(axis=0, keepdims=True, dtype=np.float32), self.sample_rate, finite_checked=True)
 
     def resampled(self, rate: int) -> "Audio":
         """The same sound at ``rate`` Hz (soxr HQ); itself when the rate already matches.
@@ -85,11 +90,11 @@ class Audio:
         if self.num_samples == 0:
             return Audio(np.zeros((self.channels, 0), np.float32), rate)
         out = soxr.resample(self.samples.T, self.sample_rate, rate, quality="HQ")
-        return Audio(np.ascontiguousarray(np.asarray(out, dtype=np.float32).T), rate)
+        return Audio(np.ascontiguousarray(np.asarray(out, dtype=np.float32).T), rate, finite_checked=True)
 
     def slice_samples(self, start: int, stop: int | None = None) -> "Audio":
         """Samples ``[start, stop)`` (a view, no copy)."""
-        return Audio(self.samples[:, start:stop], self.sample_rate)
+        return Audio(self.samples[:, start:stop], self.sample_rate, finite_checked=True)
 
     def to_int16(self) -> np.ndarray:
         """Interleaved ``(n, channels)`` int16, clipped; inverse of the int16 rule of
@@ -139,7 +144,7 @@ def audio_from_array(array, sample_rate: int) -> Audio:
         raise EmptyAudioError("array", "audio array has zero samples")
     samples = _pcm_to_float32(arr)
     check_finite(samples, "audio array")
-    return Audio(np.ascontiguousarray(samples), sample_rate)
+    return Audio(np.ascontiguousarray(samples), sample_rate, finite_checked=True)
 
 
 def _pcm_to_float32(arr: np.ndarray) -> np.ndarray:
@@ -203,7 +208,7 @@ def load_audio(source: MediaSource, *, stream_index: int = 0) -> Audio:
             if raw.shape[1] == 0:
                 raise EmptyAudioError(source, "audio stream holds zero samples")
             check_finite(raw, source)  # here, to name the file (Audio() would say "audio")
-            return Audio(np.ascontiguousarray(raw), rate)
+            return Audio(np.ascontiguousarray(raw), rate, finite_checked=True)
         # Resampler to planar float keeping rate and layout: one code path for every other format.
         resampler = av.AudioResampler(format="fltp", layout=ctx.layout, rate=rate)
         chunks: list[np.ndarray] = []
@@ -225,7 +230,7 @@ def load_audio(source: MediaSource, *, stream_index: int = 0) -> Audio:
     if 0 < declared < samples.shape[1]:
         samples = samples[:, :declared]
     check_finite(samples, source)
-    return Audio(np.ascontiguousarray(samples), rate)
+    return Audio(np.ascontiguousarray(samples), rate, finite_checked=True)
 
 
 def _frame_samples(frame: av.AudioFrame) -> int:
