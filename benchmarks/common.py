@@ -154,7 +154,7 @@ def variant_list(spec: str | None) -> list[str] | None:
     return [v for v in (spec or "").split(",") if v] or None
 
 
-TRITON_FLAGS = {"triton": "half", "triton8": "fp8", "triton8s": "fp8-static"}  # variant flag -> triton_convs
+TRITON_FLAGS = {"triton": "half", "triton8": "fp8", "triton8s": "fp8-static", "triton8m": "mixed"}  # variant flag -> triton_convs
 VARIANT_FLAGS = ("nchw", "cl", "nobench", "norw", "tf32", "notf32", *TRITON_FLAGS)
 VARIANT_SYNTAX = "ACCEL[:nchw|:cl][:nobench][:norw][:tf32|:notf32][:triton|:triton8|:triton8s]"
 

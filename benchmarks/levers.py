@@ -83,6 +83,7 @@ class Net:
     make_fn: Callable[[nn.Module], Callable[..., torch.Tensor]]
     to_image: Callable[[torch.Tensor], torch.Tensor] | None = None  # output -> [0, 255]
     fp8_filter: Callable[[str, nn.Module], bool] | None = None  # None: no FP8 lever
+    fp8_convs: Callable[[str, nn.Module], bool] | None = None  # the convs triton "mixed" runs in FP8
     has_conv: bool = True
     specialise: Callable[[nn.Module], None] | None = None  # e.g. fold spectral norm
     rewrite: Callable[[nn.Module], None] | None = None  # the engine's exact conv rewrites (VAE: phase upsampling)
@@ -151,8 +152,13 @@ def vae_net(quick: bool) -> Net:
 
         vae.decoder = with_phase_upsampling(vae.decoder)[0]
 
+    def fp8_convs(name, m):  # the engine's selection, named from the whole VAE
+        from newsstudio.engines.musetalk.engine import fp8_safe_decoder_conv
+
+        return name.startswith("decoder.") and fp8_safe_decoder_conv(name[len("decoder."):], m)
+
     return Net("vae", "sd-vae decode (latents -> RGB)", 1, build, inputs, make_fn,
-               to_image=lambda x: ((x / 2 + 0.5).clamp(0, 1) * 255), rewrite=phase_upsample)
+               to_image=lambda x: ((x / 2 + 0.5).clamp(0, 1) * 255), rewrite=phase_upsample, fp8_convs=fp8_convs)
 
 
 class DittoRender(nn.Module):
@@ -265,7 +271,7 @@ class Lever:
     tf32: bool = False
     fold: bool = True  # apply the network's `specialise` (Ditto: folded spectral norm)
     rewrite: bool = False  # apply the network's `rewrite`
-    triton: str = "off"  # the network's convs on the Triton kernel: "half" | "fp8" | "fp8-static" (accel/igemm_conv.py)
+    triton: str = "off"  # the network's convs on the Triton kernel: "half" | "fp8" | "fp8-static" | "mixed" (accel/igemm_conv.py)
     reference: bool = False
 
     def key(self) -> tuple:
@@ -301,7 +307,7 @@ def levers_for(net: Net, half: str) -> list[Lever]:
         if net.name == "vae":  # the Triton convolution kernel, in the engine's configuration otherwise
             out += [Lever(f"{h} channels_last {mode}, conv rewrites, triton {t} convs", "half", mode=mode,
                           channels_last=True, rewrite=True, triton=t)
-                    for t in ("half", "fp8", "fp8-static") for mode in ("cudagraph", "compile+cudagraph")]
+                    for t in ("half", "fp8", "fp8-static", "mixed") for mode in ("cudagraph", "compile+cudagraph")]
     return out
 
 
@@ -496,9 +502,11 @@ def run_network(net: Net, args, device: torch.device, half: str, peak: dict[str,
             if lv.channels_last:
                 to_channels_last_(m)
             if lv.triton != "off":
-                if not convert_convs_to_triton_(m, lv.triton):
+                if lv.triton == "mixed" and not convert_convs_to_triton_(m, "fp8-static", filter=net.fp8_convs):
+                    raise RuntimeError("no convolution moved to the Triton kernel in FP8")
+                if not convert_convs_to_triton_(m, "half" if lv.triton == "mixed" else lv.triton):
                     raise RuntimeError("no convolution moved to the Triton kernel")
-                if lv.triton == "fp8-static":  # scales from the first timing input; accuracy is measured on another draw
+                if lv.triton in ("fp8-static", "mixed"):  # scales from the first timing input; accuracy is measured on another draw
                     calibrate_fp8_(m, lambda: net.make_fn(m)(*_cast_inputs(sets32[0], dt, lv.channels_last)))
             n8 = None
             if lv.fp8:

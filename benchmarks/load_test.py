@@ -40,6 +40,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from newsstudio.accel.igemm_conv import TRITON_CONV_MODES
 from newsstudio.render_budget import FULL as REFUSED
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -469,7 +470,7 @@ def main() -> None:
                     help="ServerConfig.front_end_streams (the audio encoders' and LMDM's batchers on CUDA streams of "
                          "their own; default: the server's, on): alone, on; a value, its setting; or comma-separated "
                          "off/on values: each level runs under each (server started here)")
-    ap.add_argument("--triton-convs", default="off", choices=["off", "half", "fp8", "fp8-static"],
+    ap.add_argument("--triton-convs", default="off", choices=list(TRITON_CONV_MODES),
                     help="ServerConfig.triton_convs: the render convolutions on the Triton kernel (accel/igemm_conv.py)")
     ap.add_argument("--front-end-tf32", action=argparse.BooleanOptionalAction, default=None,
                     help="ServerConfig.front_end_tf32 (Ditto's HuBERT and LMDM graphs with TF32 matmuls; default: the "

@@ -200,6 +200,24 @@ def test_fp8_static_scale_comes_from_calibration():
     assert mode == "fp8-static" and isinstance(swapped[0], TritonConv2d) and not swapped[0].calibrated
 
 
+def test_mixed_runs_the_selected_convs_in_fp8_and_the_rest_in_half():
+    """``"mixed"``: the network's FP8-safe convs fp8-static, every other eligible conv half; without
+    a selection it is refused; the caller's network keeps its convs."""
+    from newsstudio.accel.igemm_conv import calibrate_fp8_
+
+    net = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.SiLU(), nn.Conv2d(32, 32, 1)).to(DEVICE)
+    mode, swapped = with_triton_convs(net, "mixed", DEVICE, fp8_convs=lambda name, m: name == "2")
+    assert mode == "mixed" and (swapped[0].mode, swapped[2].mode) == ("half", "fp8-static")
+    assert isinstance(net[0], nn.Conv2d) and isinstance(net[2], nn.Conv2d)
+    x = _cl(torch.randn(1, 16, 6, 6, generator=torch.Generator().manual_seed(3)))
+    with torch.inference_mode():
+        assert calibrate_fp8_(swapped, lambda: swapped(x)) == 1
+        ref, got = net(x).cpu(), swapped(x).cpu()
+    assert 1e-4 < ((got - ref).norm() / ref.norm()).item() < 6e-2  # the last conv quantised, not the first alone
+    with pytest.raises(ValueError, match="FP8-safe"):
+        with_triton_convs(net, "mixed", DEVICE)
+
+
 def test_bad_calls_are_refused():
     x = _cl(torch.randn(1, 12, 4, 4))
     with pytest.raises(ValueError, match="multiple of 8"):

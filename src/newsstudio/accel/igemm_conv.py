@@ -40,7 +40,11 @@ from .upsample_conv import PhaseUpsampleConv
 __all__ = ["ENGINE_FP8_HEADROOM", "TRITON_CONV_MODES", "TritonConv2d", "calibrate_fp8_", "convert_convs_to_triton_", "eligible_conv", "pack_weight",
            "slot_padding", "triton_conv_supported", "with_triton_convs"]
 
-TRITON_CONV_MODES = ("off", "half", "fp8", "fp8-static")
+#: What one `TritonConv2d` computes in.
+CONV_MODES = ("half", "fp8", "fp8-static")
+#: An engine's setting: ``"mixed"`` is fp8-static on the convs the network names as FP8-safe (its
+#: ``fp8_convs`` selection: where FP8's 3-bit mantissa costs least accuracy) and half elsewhere.
+TRITON_CONV_MODES = ("off", *CONV_MODES, "mixed")
 #: fp8-static's scale covers this many times the largest input seen while calibrating (one binade of
 #: e4m3's range given up so that a brighter face than the calibration's does not saturate).
 ENGINE_FP8_HEADROOM = 2.0
@@ -128,8 +132,8 @@ class TritonConv2d(nn.Module):
         if w.dim() != 4 or w.shape[1] % K_ALIGN:
             raise ValueError(f"TritonConv2d needs a [C_out, C_in, KH, KW] weight with C_in a multiple of {K_ALIGN}, "
                              f"got {tuple(w.shape)}")
-        if mode not in TRITON_CONV_MODES[1:]:
-            raise ValueError(f"TritonConv2d mode must be one of {TRITON_CONV_MODES[1:]}, got {mode!r}")
+        if mode not in CONV_MODES:
+            raise ValueError(f"TritonConv2d mode must be one of {CONV_MODES}, got {mode!r}")
         if kernel not in ("auto", *KERNELS):
             raise ValueError(f"TritonConv2d kernel must be 'auto' or one of {KERNELS}, got {kernel!r}")
         self.kernel = kernel
@@ -263,24 +267,37 @@ def convert_convs_to_triton_(module: nn.Module, mode: str = "half", *, kernel: s
     return count
 
 
-def with_triton_convs(module: nn.Module, mode: str, device: torch.device | str, copied: bool = False) -> tuple[str, nn.Module]:
+def with_triton_convs(module: nn.Module, mode: str, device: torch.device | str, copied: bool = False,
+                      fp8_convs: Callable[[str, nn.Module], bool] | None = None) -> tuple[str, nn.Module]:
     """An engine's network with its convolutions on the Triton kernel: ``(mode that applies,
-    module)``. ``mode``: one of `TRITON_CONV_MODES`. The layers are swapped in a shared copy (same
-    weights; the caller's network, which other engines and the reference pipelines share, keeps
-    its convs) unless ``copied`` says ``module`` is already the engine's own copy. Where the kernel
-    cannot run (CPU, no Triton; FP8 below compute capability 8.9) the module is returned as it is
-    and the mode is ``"off"``, said once in the log. ``"fp8-static"``: the caller calibrates the
-    returned module (`calibrate_fp8_`) before it runs."""
+    module)``. ``mode``: one of `TRITON_CONV_MODES`; ``"mixed"`` needs ``fp8_convs`` (a
+    ``(name, module)`` filter of the network's FP8-safe convs). The layers are swapped in a shared
+    copy (same weights; the caller's network, which other engines and the reference pipelines
+    share, keeps its convs) unless ``copied`` says ``module`` is already the engine's own copy.
+    Where the kernel cannot run (CPU, no Triton) the module is returned as it is and the mode is
+    ``"off"``; where FP8 cannot (compute capability below 8.9) ``"mixed"`` becomes ``"half"``; each
+    said in the log. ``"fp8-static"`` and ``"mixed"``: the caller calibrates the returned module
+    (`calibrate_fp8_`) before it runs."""
     if mode not in TRITON_CONV_MODES:
         raise ValueError(f"triton_convs must be one of {TRITON_CONV_MODES}, got {mode!r}")
+    if mode == "mixed" and fp8_convs is None:
+        raise ValueError("triton_convs 'mixed' needs the network's selection of FP8-safe convolutions; this network has none")
     if mode == "off":
         return mode, module
     device = torch.device(device)
-    fp8 = mode != "half"
-    if not triton_conv_supported(device) or (fp8 and not fp8_supported(device) and not interpreting()):
+    fp8_ok = fp8_supported(device) or interpreting()
+    if mode == "mixed" and not fp8_ok:
+        log.warning("FP8 convolutions cannot run on %s (compute capability >= 8.9 needed): 'mixed' runs them in half", device)
+        mode = "half"
+    fp8 = mode in ("fp8", "fp8-static")
+    if not triton_conv_supported(device) or (fp8 and not fp8_ok):
         log.warning("Triton convolutions (%s) cannot run on %s (%s): cuDNN keeps them", mode, device,
                     "no triton" if not triton_available() else "needs CUDA" + (" with compute capability >= 8.9" if fp8 else ""))
         return "off", module
     out = module if copied else shared_copy(module)
-    convert_convs_to_triton_(out, mode)
+    if mode == "mixed":
+        convert_convs_to_triton_(out, "fp8-static", filter=fp8_convs)
+        convert_convs_to_triton_(out, "half")
+    else:
+        convert_convs_to_triton_(out, mode)
     return mode, out

@@ -404,7 +404,7 @@ class DittoEngine(Engine):
         #: shared by the streams of a server (`use_motion_batcher`): their LMDM windows sample in one batch
         self.motion_batcher: MotionBatcher | None = None
         self._lock = threading.RLock()
-        if self.triton_convs == "fp8-static":
+        if self.triton_convs in ("fp8-static", "mixed"):
             nets = torch.nn.ModuleList([self._warp, self._decoder])
             calibrate_fp8_(nets, lambda: self._crops(*self.calibration_batch()), ENGINE_FP8_HEADROOM)
 
