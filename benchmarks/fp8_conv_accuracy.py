@@ -1,30 +1,29 @@
-"""Where can a network's convolutions run in FP8 and stay >= 35 dB from fp32? A fake-quantisation
-study on any device (a CPU is enough): each eligible conv's input and weight rounded to e4m3 as
-the Triton kernel does (weights one scale per output channel; inputs one scale per tensor, per
-pixel or per channel), the product in fp32, for every conv or for one block's convs only.
+"""Where can an engine's render convolutions run in FP8 and stay >= 35 dB from fp32? A
+fake-quantisation study on any device (a CPU is enough): each eligible conv's input and weight
+rounded to e4m3 as the Triton kernel does (weights one scale per output channel; inputs one scale
+per tensor, per pixel or per channel), the product in fp32; for every conv, or one block's only.
 
-    python -m benchmarks.fp8_conv_accuracy [--batch 2] [--json out.json]
+    python -m benchmarks.fp8_conv_accuracy [--engine musetalk|ditto] [--batch 2] [--json out.json]
 
-Seeded MuseTalk VAE decoder (sd-vae), 32x32 latents -> 256x256. PSNR over the image range [-1, 1]
-(peak 2), as the levers table reports for the VAE.
+Seeded weights, fp32. MuseTalk: the VAE decoder, 32x32 latents -> 256x256 (image range [-1, 1]).
+Ditto: warp + SPADE decoder, 16x64x64 source features and small keypoint motions -> 512x512
+(range [0, 1]). PSNR over the image range, as the levers table reports.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from newsstudio.accel.fp8 import E4M3, E4M3_MAX
-from newsstudio.accel.igemm_conv import eligible_conv
-from newsstudio.engines.musetalk.engine import fp8_safe_decoder_conv
-from newsstudio.engines.musetalk.weights import random_vae
+from newsstudio.accel.igemm_conv import MIN_IN_CHANNELS, MIN_OUT_CHANNELS
 
-INPUT_SCALES = {"tensor": None, "pixel": (1,), "channel": (0, 2, 3)}
+INPUT_SCALES = {"tensor": None, "pixel": (1,), "channel": None}  # "channel": every dim but 1, set per rank
 
 
 def _fake_e4m3(t: torch.Tensor, dims: tuple[int, ...] | None) -> torch.Tensor:
@@ -33,54 +32,76 @@ def _fake_e4m3(t: torch.Tensor, dims: tuple[int, ...] | None) -> torch.Tensor:
     return (t / scale).clamp(-E4M3_MAX, E4M3_MAX).to(E4M3).float() * scale
 
 
-class _FakeFp8Conv(nn.Module):
-    def __init__(self, conv: nn.Conv2d, input_scale: str) -> None:
-        super().__init__()
-        self.conv, self.dims = conv, INPUT_SCALES[input_scale]
-        self.wq = _fake_e4m3(conv.weight.detach(), (1, 2, 3))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        c = self.conv
-        return F.conv2d(_fake_e4m3(x, self.dims), self.wq, c.bias, c.stride, c.padding)
+def _fits(m: nn.Module) -> bool:
+    """A conv the Triton kernel would take (2-D, or 3-D through its depth slices): stride 1,
+    ungrouped, the channel counts it tiles."""
+    return (isinstance(m, (nn.Conv2d, nn.Conv3d)) and all(s == 1 for s in m.stride) and m.groups == 1
+            and m.in_channels % 8 == 0 and m.in_channels >= MIN_IN_CHANNELS and m.out_channels >= MIN_OUT_CHANNELS)
 
 
-def _with_fake_fp8(decoder: nn.Module, select: Callable[[str], bool], input_scale: str) -> tuple[nn.Module, int]:
-    import copy
-
-    out, n = copy.deepcopy(decoder), 0
-    for name, m in list(out.named_modules()):
-        if isinstance(m, nn.Conv2d) and eligible_conv(m) and select(name):
-            parent, _, attr = name.rpartition(".")
-            setattr(out.get_submodule(parent) if parent else out, attr, _FakeFp8Conv(m, input_scale))
-            n += 1
+def with_fake_fp8(net: nn.Module, select: Callable[[str], bool], input_scale: str) -> tuple[nn.Module, int]:
+    """A copy of ``net`` whose selected convs compute on e4m3-rounded inputs and weights."""
+    out, n = copy.deepcopy(net), 0
+    for name, m in out.named_modules():
+        if not (_fits(m) and select(name)):
+            continue
+        rank = m.weight.dim()
+        m.weight.data = _fake_e4m3(m.weight.data, tuple(range(1, rank)))
+        dims = tuple(d for d in range(rank) if d != 1) if input_scale == "channel" else INPUT_SCALES[input_scale]
+        m.register_forward_pre_hook(lambda _m, args, d=dims: (_fake_e4m3(args[0], d), *args[1:]))
+        n += 1
     return out, n
+
+
+def _musetalk(batch: int):
+    from newsstudio.engines.musetalk.engine import fp8_safe_decoder_conv
+    from newsstudio.engines.musetalk.weights import random_vae
+
+    decoder = random_vae(0, torch.device("cpu"), torch.float32).decoder.eval()
+    z = torch.randn(batch, 4, 32, 32, generator=torch.Generator().manual_seed(1))
+    groups = [(f"{b} only", lambda n, b=b: n.startswith(b)) for b in ("up_blocks.0.", "up_blocks.1.", "up_blocks.2.", "up_blocks.3.")]
+    groups.append(("the engine's FP8-safe selection (mixed)", lambda n: fp8_safe_decoder_conv(n, None)))
+    return decoder, (lambda net: net(z)), 2.0, groups
+
+
+def _ditto(batch: int):
+    from newsstudio.engines.ditto.engine import DittoEngine
+    from newsstudio.engines.ditto.motion_stitch import NUM_KP
+
+    eng = DittoEngine("cpu", weights="random", accel="eager", conv_rewrites=False)
+    nets = nn.ModuleDict({"warp": eng._warp, "decoder": eng._decoder}).float().eval()
+    g = torch.Generator().manual_seed(1)
+    f_s = torch.randn((batch, 32, 16, 64, 64), generator=g)
+    kp = torch.randn((batch, NUM_KP, 3), generator=g) * 0.1
+    kp_d = kp + 0.02 * torch.randn(kp.shape, generator=g)
+    blocks = ["warp.", "decoder.", "decoder.fc", *[f"decoder.G_middle_{i}." for i in range(6)], "decoder.up_0.", "decoder.up_1."]
+    groups = [(f"{b.rstrip('.')} only", lambda n, b=b: n.startswith(b)) for b in blocks]
+    return nets, (lambda net: net["decoder"](net["warp"](f_s, kp, kp_d))), 1.0, groups
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--engine", default="musetalk", choices=["musetalk", "ditto"])
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     torch.manual_seed(0)
-    decoder = random_vae(0, torch.device("cpu"), torch.float32).decoder.eval()
-    z = torch.randn(args.batch, 4, 32, 32, generator=torch.Generator().manual_seed(1))
+    net, run, peak, groups = (_musetalk if args.engine == "musetalk" else _ditto)(args.batch)
+    cases = [(f"every conv, input scale per {s}", lambda n: True, s) for s in INPUT_SCALES]
+    cases += [(f"{label}, per tensor", select, "tensor") for label, select in groups]
+    rows = []
     with torch.inference_mode():
-        ref = decoder(z)
-        cases = [(f"every conv, input scale per {s}", lambda n: True, s) for s in INPUT_SCALES]
-        cases += [(f"{blk} only, per tensor", lambda n, b=blk: n.startswith(b), "tensor")
-                  for blk in ("up_blocks.0.", "up_blocks.1.", "up_blocks.2.", "up_blocks.3.")]
-        cases += [("the engine's FP8-safe selection (mixed), per tensor", lambda n: fp8_safe_decoder_conv(n, None), "tensor")]
-        rows = []
+        ref = run(net)
         for label, select, scale in cases:
-            net, n = _with_fake_fp8(decoder, select, scale)
-            y = net(z)
+            fake, n = with_fake_fp8(net, select, scale)
+            y = run(fake)
             mse = float(((y - ref) ** 2).mean())
             rows.append({"case": label, "convs": n, "rel_err": float((y - ref).norm() / ref.norm()),
-                         "psnr_db": 10 * math.log10(4 / mse) if mse else math.inf})
+                         "psnr_db": 10 * math.log10(peak ** 2 / mse) if mse else math.inf})
             print(f"{label:55s} {n:3d} convs  rel {rows[-1]['rel_err']:.2e}  {rows[-1]['psnr_db']:.1f} dB", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"batch": args.batch, "rows": rows}, f, indent=1)
+            json.dump({"engine": args.engine, "batch": args.batch, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
