@@ -177,7 +177,8 @@ def avatar_list(avatars: Optional[Path] = AvatarsOpt) -> None:
 
 TritonConvsOpt = typer.Option("off", help="MuseTalk/Ditto render convolutions on the Triton implicit-GEMM kernel: off "
                               "(cuDNN), half (per layer the fastest of Triton and cuDNN), fp8 (Hopper+, FP8 operands, input "
-                              "scales per call) or fp8-static (input scales fixed once on the built-in portrait); CUDA only.")
+                              "scales per call), fp8-static (input scales fixed once on the built-in portrait) or mixed (fp8-static on "
+                              "the convs where FP8 stays accurate, MuseTalk's full-resolution decoder block; half elsewhere); CUDA only.")
 AccelOpt = typer.Option("auto", help="How neural networks run on CUDA: auto (render: cudagraph; serve: compile+cudagraph), "
                         "eager, cudagraph, compile, compile+cudagraph (about 2x faster; compiles ~1.5 min once, cached on disk).")
 
