@@ -270,8 +270,8 @@ def convert_convs_to_triton_(module: nn.Module, mode: str = "half", *, kernel: s
 def with_triton_convs(module: nn.Module, mode: str, device: torch.device | str, copied: bool = False,
                       fp8_convs: Callable[[str, nn.Module], bool] | None = None) -> tuple[str, nn.Module]:
     """An engine's network with its convolutions on the Triton kernel: ``(mode that applies,
-    module)``. ``mode``: one of `TRITON_CONV_MODES`; ``"mixed"`` needs ``fp8_convs`` (a
-    ``(name, module)`` filter of the network's FP8-safe convs). The layers are swapped in a shared
+    module)``. ``mode``: one of `TRITON_CONV_MODES`; ``"mixed"`` takes the FP8-safe convs from
+    ``fp8_convs`` (a ``(name, module)`` filter; a network without one runs ``"half"``). The layers are swapped in a shared
     copy (same weights; the caller's network, which other engines and the reference pipelines
     share, keeps its convs) unless ``copied`` says ``module`` is already the engine's own copy.
     Where the kernel cannot run (CPU, no Triton) the module is returned as it is and the mode is
@@ -280,14 +280,13 @@ def with_triton_convs(module: nn.Module, mode: str, device: torch.device | str, 
     (`calibrate_fp8_`) before it runs."""
     if mode not in TRITON_CONV_MODES:
         raise ValueError(f"triton_convs must be one of {TRITON_CONV_MODES}, got {mode!r}")
-    if mode == "mixed" and fp8_convs is None:
-        raise ValueError("triton_convs 'mixed' needs the network's selection of FP8-safe convolutions; this network has none")
     if mode == "off":
         return mode, module
     device = torch.device(device)
     fp8_ok = fp8_supported(device) or interpreting()
-    if mode == "mixed" and not fp8_ok:
-        log.warning("FP8 convolutions cannot run on %s (compute capability >= 8.9 needed): 'mixed' runs them in half", device)
+    if mode == "mixed" and (fp8_convs is None or not fp8_ok):
+        log.warning("'mixed' Triton convolutions run in half: %s", "this network has no convolutions where FP8 stays accurate"
+                    if fp8_convs is None else f"FP8 needs compute capability >= 8.9 ({device})")
         mode = "half"
     fp8 = mode in ("fp8", "fp8-static")
     if not triton_conv_supported(device) or (fp8 and not fp8_ok):
