@@ -20,6 +20,8 @@ def test_phase_conv_equals_upsample_then_conv(bias, layout, scale):
     got = PhaseUpsampleConv(conv, scale)(x)
     assert got.shape == ref.shape == (3, 5, 7 * scale, 10 * scale)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    # the output in the input's layout: a channels-last network's next layer reads it without a gather
+    assert got.is_contiguous(memory_format=layout)
     # 4 taps per phase: 16 instead of 36 multiply-adds per channel pair and input pixel (scale 2)
     assert PhaseUpsampleConv(conv, scale).weight.shape == (5 * scale * scale, 6, 2, 2)
 
