@@ -517,9 +517,10 @@ def run_network(net: Net, args, device: torch.device, half: str, peak: dict[str,
             models[key] = m.eval().requires_grad_(False)
         return models[key], getattr(models[key], "n8", None)
 
-    wanted = [w.strip() for w in (args.levers or "").split(",") if w.strip()]
+    exact = ";" in (args.levers or "")
+    wanted = [w.strip() for w in (args.levers or "").split(";" if exact else ",") if w.strip()]
     for lv in levers_for(net, half):
-        if wanted and not lv.reference and not any(w in lv.name for w in wanted):
+        if wanted and not lv.reference and not (lv.name in wanted if exact else any(w in lv.name for w in wanted)):
             continue
         row = Row(lv.name, batch)
         rows.append(row)
@@ -683,7 +684,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cudagraph-compile-mode", default=None, choices=["reduce-overhead", "max-autotune"],
                     help="compile+cudagraph through torch.compile's own CUDA graphs instead of a manual capture")
     ap.add_argument("--levers", default=None,
-                    help="only levers whose name contains one of these comma-separated words (fp32 eager always runs)")
+                    help="only levers whose name contains one of these comma-separated words, or (with ';' between them) "
+                         "exactly these names (fp32 eager always runs)")
     ap.add_argument("--fp8-granularity", default="tensor", choices=["tensor", "row"],
                     help="FP8 weight/activation scales: one per tensor (default) or per row")
     ap.add_argument("--cache-dir", default=None, help="Inductor cache folder (default ~/.cache/newsstudio/inductor)")
