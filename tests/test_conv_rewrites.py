@@ -9,6 +9,17 @@ from torch import nn
 from newsstudio.accel.upsample_conv import PhaseUpsampleConv, with_phase_upsampling
 
 
+class _PlainConv(nn.Module):
+    """What a `PhaseUpsampleConv` slot computes (its padding-1 conv), by F.conv2d."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.weight, self.bias = weight, bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(x, self.weight, self.bias, padding=1)
+
+
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
 @pytest.mark.parametrize("scale", [2, 3, 4])
@@ -20,7 +31,12 @@ def test_phase_conv_equals_upsample_then_conv(bias, layout, scale):
     got = PhaseUpsampleConv(conv, scale)(x)
     assert got.shape == ref.shape == (3, 5, 7 * scale, 10 * scale)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
-    # the output in the input's layout: a channels-last network's next layer reads it without a gather
+    # another implementation in the conv slot (the Triton conv): the same result, in the input's
+    # layout, so a channels-last network's next layer reads it without a gather
+    slotted = PhaseUpsampleConv(conv, scale)
+    slotted.conv = _PlainConv(slotted.weight, slotted.bias)
+    got = slotted(x)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     assert got.is_contiguous(memory_format=layout)
     # 4 taps per phase: 16 instead of 36 multiply-adds per channel pair and input pixel (scale 2)
     assert PhaseUpsampleConv(conv, scale).weight.shape == (5 * scale * scale, 6, 2, 2)
