@@ -37,7 +37,7 @@ from .shared_copy import shared_copy
 from .triton_conv import K_ALIGN, KERNELS, conv2d_nhwc, interpreting, tma_available, tma_fits, triton_available
 from .upsample_conv import PhaseUpsampleConv
 
-__all__ = ["ENGINE_FP8_HEADROOM", "TRITON_CONV_MODES", "TritonConv2d", "calibrate_fp8_", "convert_convs_to_triton_", "eligible_conv", "pack_weight",
+__all__ = ["CONV_MODES", "ENGINE_FP8_HEADROOM", "TRITON_CONV_MODES", "TritonConv2d", "calibrate_fp8_", "convert_convs_to_triton_", "eligible_conv", "pack_weight",
            "slot_padding", "triton_conv_supported", "with_triton_convs"]
 
 #: What one `TritonConv2d` computes in.
