@@ -31,4 +31,11 @@ for name, m in (("cudnn", dec), ("triton", tri)):
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             f(z); torch.cuda.synchronize()
     print(f"--- {name}")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=16, max_name_column_width=90))
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=90))
+    sums: dict[str, float] = {}
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+        k = ("triton conv" if "_conv_kernel" in e.key else "cudnn conv" if "xmma" in e.key or "implicit_gemm" in e.key
+             else "group norm" if "group_norm" in e.key else "other")
+        sums[k] = sums.get(k, 0.0) + t / 1e3
+    print(f"{name} ms by kind:", {k: round(v, 2) for k, v in sorted(sums.items())}, flush=True)
