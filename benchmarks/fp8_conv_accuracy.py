@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from newsstudio.accel.fp8 import E4M3, E4M3_MAX
-from newsstudio.accel.igemm_conv import MIN_IN_CHANNELS, MIN_OUT_CHANNELS
+from newsstudio.accel.igemm_conv import channels_fit
 
 INPUT_SCALES = {"tensor": None, "pixel": (1,), "channel": None}  # "channel": every dim but 1, set per rank
 
@@ -36,7 +36,7 @@ def _fits(m: nn.Module) -> bool:
     """A conv the Triton kernel would take (2-D, or 3-D through its depth slices): stride 1,
     ungrouped, the channel counts it tiles."""
     return (isinstance(m, (nn.Conv2d, nn.Conv3d)) and all(s == 1 for s in m.stride) and m.groups == 1
-            and m.in_channels % 8 == 0 and m.in_channels >= MIN_IN_CHANNELS and m.out_channels >= MIN_OUT_CHANNELS)
+            and channels_fit(m.in_channels, m.out_channels))
 
 
 def with_fake_fp8(net: nn.Module, select: Callable[[str], bool], input_scale: str) -> tuple[nn.Module, int]:

@@ -57,7 +57,7 @@ except ImportError:  # pragma: no cover
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from newsstudio.accel import StaticBatchRunner, cast_, channels_last, convert_linears_to_fp8_, fp8_supported, tf32
-from newsstudio.accel.igemm_conv import calibrate_fp8_, convert_convs_to_triton_, triton_conv_supported
+from newsstudio.accel.igemm_conv import CALIBRATED_MODES, calibrate_fp8_, convert_convs_for_mode_, triton_conv_supported
 from newsstudio.accel.precision import parse_dtype, to_channels_last_
 from newsstudio.weights.seeded import fill_seeded_
 
@@ -502,12 +502,12 @@ def run_network(net: Net, args, device: torch.device, half: str, peak: dict[str,
             if lv.channels_last:
                 to_channels_last_(m)
             if lv.triton != "off":
-                if lv.triton == "mixed" and not convert_convs_to_triton_(m, "fp8-static", filter=net.fp8_convs):
-                    raise RuntimeError("no convolution moved to the Triton kernel in FP8")
-                if not convert_convs_to_triton_(m, "half" if lv.triton == "mixed" else lv.triton):
+                if not convert_convs_for_mode_(m, lv.triton, net.fp8_convs):
                     raise RuntimeError("no convolution moved to the Triton kernel")
-                if lv.triton in ("fp8-static", "mixed"):  # scales from the first timing input; accuracy is measured on another draw
-                    calibrate_fp8_(m, lambda: net.make_fn(m)(*_cast_inputs(sets32[0], dt, lv.channels_last)))
+                # scales from the first timing input; accuracy is measured on another draw
+                if lv.triton in CALIBRATED_MODES and not calibrate_fp8_(
+                        m, lambda: net.make_fn(m)(*_cast_inputs(sets32[0], dt, lv.channels_last))):
+                    raise RuntimeError("no convolution moved to the Triton kernel in FP8")
             n8 = None
             if lv.fp8:
                 n8 = convert_linears_to_fp8_(m, filter=net.fp8_filter, granularity=args.fp8_granularity)

@@ -37,7 +37,7 @@ from .shared_copy import shared_copy
 from .triton_conv import K_ALIGN, KERNELS, conv2d_nhwc, interpreting, tma_available, tma_fits, triton_available
 from .upsample_conv import PhaseUpsampleConv
 
-__all__ = ["CONV_MODES", "ENGINE_FP8_HEADROOM", "TRITON_CONV_MODES", "TritonConv2d", "calibrate_fp8_", "convert_convs_to_triton_", "eligible_conv", "pack_weight",
+__all__ = ["CALIBRATED_MODES", "CONV_MODES", "ENGINE_FP8_HEADROOM", "TRITON_CONV_MODES", "TritonConv2d", "calibrate_fp8_", "channels_fit", "convert_convs_for_mode_", "convert_convs_to_triton_", "eligible_conv", "pack_weight",
            "slot_padding", "triton_conv_supported", "with_triton_convs"]
 
 #: What one `TritonConv2d` computes in.
@@ -45,6 +45,8 @@ CONV_MODES = ("half", "fp8", "fp8-static")
 #: An engine's setting: ``"mixed"`` is fp8-static on the convs the network names as FP8-safe (its
 #: ``fp8_convs`` selection: where FP8's 3-bit mantissa costs least accuracy) and half elsewhere.
 TRITON_CONV_MODES = ("off", *CONV_MODES, "mixed")
+#: The settings whose converted network needs `calibrate_fp8_` before it runs.
+CALIBRATED_MODES = ("fp8-static", "mixed")
 #: fp8-static's scale covers this many times the largest input seen while calibrating (one binade of
 #: e4m3's range given up so that a brighter face than the calibration's does not saturate).
 ENGINE_FP8_HEADROOM = 2.0
@@ -105,17 +107,17 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     return weight.permute(0, 2, 3, 1).reshape(weight.shape[0], -1).contiguous()
 
 
-def _channels_fit(c_in: int, c_out: int) -> bool:
+def channels_fit(c_in: int, c_out: int) -> bool:
     """At least 16 input channels in a multiple of 8, and at least 16 outputs."""
     return c_in % K_ALIGN == 0 and c_in >= MIN_IN_CHANNELS and c_out >= MIN_OUT_CHANNELS
 
 
 def eligible_conv(conv: nn.Module) -> bool:
     """A Conv2d the kernel computes: stride 1, undilated, ungrouped, zero-padded by integers, and
-    channels that fit (`_channels_fit`)."""
+    channels that fit (`channels_fit`)."""
     return (isinstance(conv, nn.Conv2d) and conv.stride == (1, 1) and conv.dilation == (1, 1)
             and conv.groups == 1 and conv.padding_mode == "zeros" and not isinstance(conv.padding, str)
-            and _channels_fit(conv.in_channels, conv.out_channels))
+            and channels_fit(conv.in_channels, conv.out_channels))
 
 
 class TritonConv2d(nn.Module):
@@ -253,7 +255,7 @@ def convert_convs_to_triton_(module: nn.Module, mode: str = "half", *, kernel: s
         pad = slot_padding(child)
         if pad is not None:
             w = child.weight
-            if child.conv is None and _channels_fit(w.shape[1], w.shape[0]) and (force or triton_conv_supported(w.device)):
+            if child.conv is None and channels_fit(w.shape[1], w.shape[0]) and (force or triton_conv_supported(w.device)):
                 bias = child.bias if isinstance(child, PhaseUpsampleConv) else None  # a sliced conv adds its bias after the sum
                 child.conv = TritonConv2d(w, bias, pad, mode, kernel)
                 count += 1
@@ -294,9 +296,13 @@ def with_triton_convs(module: nn.Module, mode: str, device: torch.device | str, 
                     "no triton" if not triton_available() else "needs CUDA" + (" with compute capability >= 8.9" if fp8 else ""))
         return "off", module
     out = module if copied else shared_copy(module)
-    if mode == "mixed":
-        convert_convs_to_triton_(out, "fp8-static", filter=fp8_convs)
-        convert_convs_to_triton_(out, "half")
-    else:
-        convert_convs_to_triton_(out, mode)
+    convert_convs_for_mode_(out, mode, fp8_convs)
     return mode, out
+
+
+def convert_convs_for_mode_(module: nn.Module, mode: str, fp8_convs: Callable[[str, nn.Module], bool] | None = None) -> int:
+    """`convert_convs_to_triton_` for a setting: one of `CONV_MODES` for every conv, or ``"mixed"``:
+    fp8-static on the convs ``fp8_convs`` selects, half on the rest; returns how many were swapped."""
+    if mode == "mixed":
+        return convert_convs_to_triton_(module, "fp8-static", filter=fp8_convs) + convert_convs_to_triton_(module, "half")
+    return convert_convs_to_triton_(module, mode)

@@ -58,7 +58,7 @@ import numpy as np
 import torch
 
 from ...accel.host_copy import tensor_on, to_device
-from ...accel.igemm_conv import ENGINE_FP8_HEADROOM, calibrate_fp8_, with_triton_convs
+from ...accel.igemm_conv import CALIBRATED_MODES, ENGINE_FP8_HEADROOM, calibrate_fp8_, with_triton_convs
 from ...accel.precision import to_channels_last_
 from ...accel.settings import resolve_accel
 from ...accel.static import BucketedRunner, render_buckets
@@ -404,7 +404,7 @@ class DittoEngine(Engine):
         #: shared by the streams of a server (`use_motion_batcher`): their LMDM windows sample in one batch
         self.motion_batcher: MotionBatcher | None = None
         self._lock = threading.RLock()
-        if self.triton_convs in ("fp8-static", "mixed"):
+        if self.triton_convs in CALIBRATED_MODES:
             nets = torch.nn.ModuleList([self._warp, self._decoder])
             calibrate_fp8_(nets, lambda: self._crops(*self.calibration_batch()), ENGINE_FP8_HEADROOM)
 

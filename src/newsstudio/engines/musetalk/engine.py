@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...accel.igemm_conv import ENGINE_FP8_HEADROOM, calibrate_fp8_, with_triton_convs
+from ...accel.igemm_conv import CALIBRATED_MODES, ENGINE_FP8_HEADROOM, calibrate_fp8_, with_triton_convs
 from ...accel.precision import to_channels_last_
 from ...accel.settings import resolve_accel
 from ...accel.static import BucketedRunner, render_buckets
@@ -338,7 +338,7 @@ class MuseTalkEngine(Engine):
         self._idle: torch.Tensor | None = None
         self._layers: OrderedDict[str, AvatarLayer] = OrderedDict()  # a few avatars stay resident (server)
         self._lock = threading.RLock()
-        if self.triton_convs in ("fp8-static", "mixed"):
+        if self.triton_convs in CALIBRATED_MODES:
             calibrate_fp8_(self._vae_decoder, lambda: self._faces(*self.calibration_batch()), ENGINE_FP8_HEADROOM)
 
     # -- prebake ----------------------------------------------------------------------------
