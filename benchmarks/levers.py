@@ -59,6 +59,7 @@ except ImportError:  # pragma: no cover
 from newsstudio.accel import StaticBatchRunner, cast_, channels_last, convert_linears_to_fp8_, fp8_supported, tf32
 from newsstudio.accel.igemm_conv import CALIBRATED_MODES, calibrate_fp8_, convert_convs_for_mode_, triton_conv_supported
 from newsstudio.accel.precision import parse_dtype, to_channels_last_
+from newsstudio.accel.upsample_conv import PhaseUpsampleConv
 from newsstudio.weights.seeded import fill_seeded_
 
 from .common import machine
@@ -271,11 +272,12 @@ class Lever:
     tf32: bool = False
     fold: bool = True  # apply the network's `specialise` (Ditto: folded spectral norm)
     rewrite: bool = False  # apply the network's `rewrite`
+    interleave: str = "auto"  # PhaseUpsampleConv's phase interleave (accel/upsample_conv.py INTERLEAVES)
     triton: str = "off"  # the network's convs on the Triton kernel: "half" | "fp8" | "fp8-static" | "mixed" (accel/igemm_conv.py)
     reference: bool = False
 
     def key(self) -> tuple:
-        return (self.dtype, self.channels_last, self.fp8, self.fold and self.dtype != "fp32", self.rewrite, self.triton)
+        return (self.dtype, self.channels_last, self.fp8, self.fold and self.dtype != "fp32", self.rewrite, self.interleave, self.triton)
 
 
 def levers_for(net: Net, half: str) -> list[Lever]:
@@ -304,6 +306,9 @@ def levers_for(net: Net, half: str) -> list[Lever]:
                 Lever(f"{h} cudagraph, conv rewrites", "half", mode="cudagraph", rewrite=True),
                 Lever(f"{h} channels_last compile+cudagraph, conv rewrites", "half", mode="compile+cudagraph",
                       channels_last=True, rewrite=True)]
+        if net.name == "vae":  # cuDNN's convs with the phase interleave the Triton convs use (channel-minor)
+            out.append(Lever(f"{h} channels_last compile+cudagraph, conv rewrites, channels-last interleave", "half",
+                             mode="compile+cudagraph", channels_last=True, rewrite=True, interleave="channels_last"))
         if net.name == "vae":  # the Triton convolution kernel, in the engine's configuration otherwise
             out += [Lever(f"{h} channels_last {mode}, conv rewrites, triton {t} convs", "half", mode=mode,
                           channels_last=True, rewrite=True, triton=t)
@@ -496,6 +501,9 @@ def run_network(net: Net, args, device: torch.device, half: str, peak: dict[str,
                 net.specialise(m)
             if lv.rewrite and net.rewrite is not None:
                 net.rewrite(m)
+                for mod in m.modules():
+                    if isinstance(mod, PhaseUpsampleConv):
+                        mod.interleave = lv.interleave
             dt = torch.float32 if lv.dtype == "fp32" else (half_dtype if lv.dtype == "half" else torch.bfloat16)
             if dt != torch.float32:
                 cast_(m, dt)

@@ -38,6 +38,14 @@ def test_phase_conv_equals_upsample_then_conv(bias, layout, scale):
     got = slotted(x)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     assert got.is_contiguous(memory_format=layout)
+    # the channel-minor interleave asked for with cuDNN's conv (what benchmarks/levers.py times):
+    # the same result, in the input's layout; "nchw" always interleaves in NCHW order
+    for interleave, out_layout in (("channels_last", layout), ("nchw", torch.contiguous_format)):
+        plain = PhaseUpsampleConv(conv, scale)
+        plain.interleave = interleave
+        got = plain(x)
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+        assert got.is_contiguous(memory_format=out_layout)
     # 4 taps per phase: 16 instead of 36 multiply-adds per channel pair and input pixel (scale 2)
     assert PhaseUpsampleConv(conv, scale).weight.shape == (5 * scale * scale, 6, 2, 2)
 
@@ -47,6 +55,13 @@ def test_phase_conv_equals_upsample_then_conv(bias, layout, scale):
 def test_other_convolutions_are_refused(conv):
     with pytest.raises(ValueError, match="3x3 conv"):
         PhaseUpsampleConv(conv)
+
+
+def test_unknown_interleave_is_refused():
+    up = PhaseUpsampleConv(nn.Conv2d(4, 4, 3, padding=1))
+    up.interleave = "nhwc"
+    with pytest.raises(ValueError, match="interleave must be one of"):
+        up(torch.randn(1, 4, 3, 3))
 
 
 def test_vae_decoder_copy_matches_and_leaves_the_original_alone():

@@ -1,7 +1,7 @@
 # After the channels-last phase interleave: the levers rows that matter (cuDNN baseline, Triton half,
-# Triton mixed; compiled + graphed); if no Triton row wins, the compiled decoder's kernels to see why.
+# Triton mixed; compiled + graphed; cuDNN with the channel-minor interleave); if no Triton row wins, the compiled decoder's kernels to see why.
 . .carry/setup.sh; set -o pipefail; export PATH=/tmp/site/bin:$PATH
-python -m benchmarks.levers --only vae --batch vae=32 --levers "fp16 channels_last compile+cudagraph, conv rewrites;fp16 channels_last compile+cudagraph, conv rewrites, triton half convs;fp16 channels_last compile+cudagraph, conv rewrites, triton mixed convs" --budget 300 --json $OUT/levers_vae2.json 2>&1 | tee $OUT/levers_vae2.log | grep "\[vae\]"
+python -m benchmarks.levers --only vae --batch vae=32 --levers "fp16 channels_last compile+cudagraph, conv rewrites;fp16 channels_last compile+cudagraph, conv rewrites, channels-last interleave;fp16 channels_last compile+cudagraph, conv rewrites, triton half convs;fp16 channels_last compile+cudagraph, conv rewrites, triton mixed convs" --budget 300 --json $OUT/levers_vae2.json 2>&1 | tee $OUT/levers_vae2.log | grep "\[vae\]"
 best=$(python - <<'PY'
 import json, os
 rows = {r["lever"]: r for r in json.load(open(os.environ["OUT"] + "/levers_vae2.json"))["networks"]["vae"]["rows"]}
