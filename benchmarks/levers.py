@@ -57,6 +57,7 @@ except ImportError:  # pragma: no cover
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from newsstudio.accel import StaticBatchRunner, cast_, channels_last, convert_linears_to_fp8_, fp8_supported, tf32
+from newsstudio.accel.group_norm_nhwc import with_nhwc_group_norms
 from newsstudio.accel.igemm_conv import CALIBRATED_MODES, calibrate_fp8_, convert_convs_for_mode_, triton_conv_supported
 from newsstudio.accel.precision import parse_dtype, to_channels_last_
 from newsstudio.accel.upsample_conv import PhaseUpsampleConv
@@ -272,12 +273,13 @@ class Lever:
     tf32: bool = False
     fold: bool = True  # apply the network's `specialise` (Ditto: folded spectral norm)
     rewrite: bool = False  # apply the network's `rewrite`
+    nhwc_norms: bool = False  # GroupNorm / InstanceNorm statistics by accel/group_norm_nhwc.py's kernel
     interleave: str = "auto"  # PhaseUpsampleConv's phase interleave (accel/upsample_conv.py INTERLEAVES)
     triton: str = "off"  # the network's convs on the Triton kernel: "half" | "fp8" | "fp8-static" | "mixed" (accel/igemm_conv.py)
     reference: bool = False
 
     def key(self) -> tuple:
-        return (self.dtype, self.channels_last, self.fp8, self.fold and self.dtype != "fp32", self.rewrite, self.interleave, self.triton)
+        return (self.dtype, self.channels_last, self.fp8, self.fold and self.dtype != "fp32", self.rewrite, self.interleave, self.nhwc_norms, self.triton)
 
 
 def levers_for(net: Net, half: str) -> list[Lever]:
@@ -306,9 +308,13 @@ def levers_for(net: Net, half: str) -> list[Lever]:
                 Lever(f"{h} cudagraph, conv rewrites", "half", mode="cudagraph", rewrite=True),
                 Lever(f"{h} channels_last compile+cudagraph, conv rewrites", "half", mode="compile+cudagraph",
                       channels_last=True, rewrite=True)]
+        # the norms' statistics by the NHWC kernel (the MuseTalk decoder's GroupNorms, Ditto's InstanceNorms)
+        out.append(Lever(f"{h} channels_last compile+cudagraph, conv rewrites, nhwc group norms", "half",
+                         mode="compile+cudagraph", channels_last=True, rewrite=True, nhwc_norms=True))
         if net.name == "vae":  # cuDNN's convs with the phase interleave the Triton convs use (channel-minor)
-            out.append(Lever(f"{h} channels_last compile+cudagraph, conv rewrites, channels-last interleave", "half",
-                             mode="compile+cudagraph", channels_last=True, rewrite=True, interleave="channels_last"))
+            out += [Lever(f"{h} channels_last compile+cudagraph, conv rewrites, channels-last interleave{norms}", "half",
+                          mode="compile+cudagraph", channels_last=True, rewrite=True, interleave="channels_last",
+                          nhwc_norms=bool(norms)) for norms in ("", ", nhwc group norms")]
         if net.name == "vae":  # the Triton convolution kernel, in the engine's configuration otherwise
             out += [Lever(f"{h} channels_last {mode}, conv rewrites, triton {t} convs", "half", mode=mode,
                           channels_last=True, rewrite=True, triton=t)
@@ -504,6 +510,8 @@ def run_network(net: Net, args, device: torch.device, half: str, peak: dict[str,
                 for mod in m.modules():
                     if isinstance(mod, PhaseUpsampleConv):
                         mod.interleave = lv.interleave
+            if lv.nhwc_norms:
+                m = with_nhwc_group_norms(m)[0]
             dt = torch.float32 if lv.dtype == "fp32" else (half_dtype if lv.dtype == "half" else torch.bfloat16)
             if dt != torch.float32:
                 cast_(m, dt)

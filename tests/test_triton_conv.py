@@ -414,9 +414,13 @@ def test_every_tile_the_autotuner_may_pick_compiles_for_hopper():
                           text=True, env=env, timeout=900)
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert proc.returncode == 0, [r for r in records if "error" in r or "failures" in r] or proc.stderr[-2000:]
-    tiles = records[:-1]
-    assert records[-1] == {"compiled": len(tiles), "failures": 0} and len(tiles) > 50
+    assert records[-1] == {"compiled": len(records) - 1, "failures": 0}
+    tiles = [r for r in records[:-1] if r["kernel"] in ("pointer", "tma")]
+    assert len(tiles) > 50
     assert {(r["kernel"], r["dtype"]) for r in tiles} == {(k, d) for k in ("pointer", "tma") for d in ("fp16", "fp8e4nv")}
+    # the GroupNorm statistics kernel (accel/group_norm_nhwc.py) reads whole pixels in 16-byte loads
+    norms = [r for r in records[:-1] if r["kernel"] == "group_norm_partials"]
+    assert len(norms) == 10 and all(r["loads"] and r["vector_loads"] == r["loads"] for r in norms)
     tma = [r for r in tiles if r["kernel"] == "tma"]
     assert tma and not any(r["operand_a_from_registers"] for r in tma)  # one-row boxes: the operand in place
 

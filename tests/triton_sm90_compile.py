@@ -1,4 +1,4 @@
-"""Compile the Triton convolution's kernels for Hopper (sm_90) on a machine without a GPU.
+"""Compile the Triton convolution's kernels (and the GroupNorm statistics kernel) for Hopper (sm_90) on a machine without a GPU.
 
 Why: every tile the autotuner may pick for the engines' layer shapes has to compile for the GPU it
 runs on (FP8 tensor cores take K steps of 32; TMA boxes; shared memory within the H200's 227 KiB per
@@ -136,6 +136,38 @@ def compile_layer(shape: LayerShape, dtype: torch.dtype, kernel: str, target_arc
     return records
 
 
+#: GroupNorm statistics (accel/group_norm_nhwc.py): the decoder's channel counts, 32 groups, and
+#: Ditto's instance norms (a group per channel).
+NORM_SHAPES = ((128, 32), (256, 32), (512, 32), (512, 512), (64, 64))
+
+
+def compile_group_norm(channels: int, groups: int, dtype: torch.dtype, target_arch: int = 90) -> dict:
+    """Compile the statistics kernel as a launch of it would: its chunk of pixels, 4 warps."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from newsstudio.accel import group_norm_nhwc as gn
+
+    kernel = gn._kernel()
+    params = list(inspect.signature(kernel.fn).parameters)
+    meta = {"C": channels, "G": groups, "BLOCK_P": max(1, gn.ELEMENTS_PER_CHUNK // channels)}
+    sig = {"x_ptr": f"*{_TYPES[dtype]}", "out_ptr": "*fp32", "HW": "i32", "PER_SPLIT": "i32", "SPLITS": "i32",
+           **{k: "constexpr" for k in meta}}
+    attrs = {(params.index(p),): [["tt.divisibility", 16]] for p in ("x_ptr", "out_ptr", "HW", "PER_SPLIT")}
+    src = ASTSource(fn=kernel, signature={p: sig[p] for p in params},
+                    constexprs={(params.index(k),): v for k, v in meta.items()}, attrs=attrs)
+    record = {"kernel": "group_norm_partials", "dtype": _TYPES[dtype], "shape": [channels, groups]}
+    try:
+        compiled = triton.compile(src, target=GPUTarget("cuda", target_arch, 32), options={"num_warps": 4})
+    except Exception as exc:  # noqa: BLE001 - reported per shape, the caller decides
+        record["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return record
+    loads = re.findall(r"ld\.global(?:\.[a-z0-9]+)*", compiled.asm["ptx"])
+    record.update(shared=compiled.metadata.shared, loads=len(loads), vector_loads=sum(".v4" in x or ".v2" in x for x in loads))
+    return record
+
+
 def main() -> int:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("unset TRITON_INTERPRET: this compiles for the GPU", file=sys.stderr)
@@ -150,6 +182,12 @@ def main() -> int:
                     bad = "error" in record or record["shared"] > SM90_SHARED_BYTES or not record["async_loads"]
                     failures += bad
                     print(json.dumps(record), flush=True)
+    for channels, groups in NORM_SHAPES:
+        for dtype in (torch.float16, torch.float32):
+            record = compile_group_norm(channels, groups, dtype)
+            count += 1
+            failures += "error" in record or record["shared"] > SM90_SHARED_BYTES
+            print(json.dumps(record), flush=True)
     print(json.dumps({"compiled": count, "failures": failures}))
     return 1 if failures else 0
 

@@ -34,7 +34,7 @@ from .depth_sliced_conv3d import DepthSlicedConv3d
 from .fp8 import E4M3, E4M3_MAX, fp8_supported, quantize_e4m3
 from .kernel_choice import fastest
 from .shared_copy import shared_copy
-from .triton_conv import K_ALIGN, KERNELS, conv2d_nhwc, interpreting, tma_available, tma_fits, triton_available
+from .triton_conv import EXACT_STRIDES, K_ALIGN, KERNELS, conv2d_nhwc, interpreting, tma_available, tma_fits, triton_available
 from .upsample_conv import PhaseUpsampleConv
 
 __all__ = ["CALIBRATED_MODES", "CONV_MODES", "ENGINE_FP8_HEADROOM", "TRITON_CONV_MODES", "TritonConv2d", "calibrate_fp8_", "channels_fit", "convert_convs_for_mode_", "convert_convs_to_triton_", "eligible_conv", "pack_weight",
@@ -55,12 +55,7 @@ MIN_OUT_CHANNELS = 16  # narrower outputs (RGB heads) fill no tensor-core tile: 
 MIN_IN_CHANNELS = 16  # a narrower input (an RGB or latent stem) is a K too short for a tensor-core step
 
 
-# Inductor hands a custom op its inputs with the strides they had when traced (channels-last here),
-# rather than a layout of its choosing that the kernel would first have to copy.
-_STRIDES = getattr(torch._C.Tag, "needs_exact_strides", None) or getattr(torch._C.Tag, "needs_fixed_stride_order")
-
-
-@torch.library.custom_op("newsstudio::triton_conv2d", mutates_args=(), tags=(_STRIDES,))
+@torch.library.custom_op("newsstudio::triton_conv2d", mutates_args=(), tags=(EXACT_STRIDES,))
 def _triton_conv2d(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                    residual: torch.Tensor | None, x_scale: torch.Tensor | None, w_scale: torch.Tensor | None,
                    kh: int, kw: int, ph: int, pw: int, out_dtype: torch.dtype, kernel: str) -> torch.Tensor:

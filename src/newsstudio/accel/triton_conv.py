@@ -35,9 +35,12 @@ from .kernel_choice import BENCH_MS
 triton = None
 tl = None
 
-__all__ = ["KERNELS", "K_ALIGN", "conv2d_nhwc", "interpreting", "k_waste", "tma_available", "tma_fits", "tma_width",
+__all__ = ["EXACT_STRIDES", "KERNELS", "K_ALIGN", "conv2d_nhwc", "interpreting", "k_waste", "tma_available", "tma_fits", "tma_width",
            "triton_available", "tuned_tiles", "TMA_WIDTHS"]
 
+# The tag of a custom op that wants its inputs with the strides they had when traced (channels-last
+# here), so Inductor writes them that way rather than in a layout the kernel would first copy.
+EXACT_STRIDES = getattr(torch._C.Tag, "needs_exact_strides", None) or getattr(torch._C.Tag, "needs_fixed_stride_order")
 FP8_MIN_BLOCK_K = 32  # the K of one FP8 tensor-core step (wgmma / mma e4m3); narrower tiles do not compile
 K_ALIGN = 8  # input channels must be a multiple of this (16-byte rows for vector and TMA loads in fp16)
 KERNELS = ("pointer", "tma")

@@ -1,0 +1,126 @@
+"""GroupNorm with the NHWC statistics kernel (accel/group_norm_nhwc.py): the same normalisation as
+PyTorch's, computed here by the very kernel in Triton's CPU interpreter (conftest.py), and swapped
+into networks without touching the originals."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from newsstudio.accel import group_norm_nhwc as gn
+from newsstudio.accel.group_norm_nhwc import NHWCGroupNorm, group_norm_nhwc, kernel_fits, with_nhwc_group_norms
+from newsstudio.accel.triton_conv import triton_available
+
+pytestmark = pytest.mark.skipif(not triton_available(), reason="needs Triton (its interpreter on a CPU)")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _cl(x: torch.Tensor) -> torch.Tensor:
+    return x.to(DEVICE).contiguous(memory_format=torch.channels_last)
+
+
+class KernelCalls(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts calls of the statistics op."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += func is torch.ops.newsstudio.group_norm_partials.default
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("shape, groups", [((2, 128, 16, 16), 32), ((3, 64, 7, 5), 32), ((1, 32, 3, 3), 8),
+                                           ((2, 16, 5, 9), 16)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_equals_group_norm(shape, groups, dtype):
+    g = torch.Generator().manual_seed(sum(shape))
+    x = _cl((torch.randn(shape, generator=g) * 3 + 5).to(dtype))
+    weight, bias = torch.randn(shape[1], generator=g).to(DEVICE, dtype), torch.randn(shape[1], generator=g).to(DEVICE, dtype)
+    with KernelCalls() as spy:
+        got = group_norm_nhwc(x, groups, weight, bias, 1e-6)
+    assert spy.calls == 1
+    ref = F.group_norm(x.double(), groups, weight.double(), bias.double(), 1e-6)
+    assert got.dtype == dtype and got.is_contiguous(memory_format=torch.channels_last)
+    tol = 1e-5 if dtype == torch.float32 else 4e-3
+    torch.testing.assert_close(got.double(), ref, rtol=tol, atol=tol)
+
+
+def test_splits_of_several_chunks_and_a_ragged_last_chunk(monkeypatch):
+    """Chan's merge within a program (chunks) and across programs (splits), a last chunk cut short:
+    still the exact statistics, also for a mean 1,000 standard deviations from zero (where
+    E[x^2] - E[x]^2 in float32 would have nothing left)."""
+    monkeypatch.setattr(gn, "ELEMENTS_PER_CHUNK", 256)  # 8 pixels of 32 channels per chunk
+    monkeypatch.setattr(gn, "TARGET_PROGRAMS", 6)  # 3 splits per image: ~5 chunks each
+    assert gn._layout(2, 32, 11 * 11) == (8, 48, 3)
+    g = torch.Generator().manual_seed(3)
+    x = _cl(torch.randn(2, 32, 11, 11, generator=g) + 1000.0)
+    got = group_norm_nhwc(x, 8, eps=1e-6)
+    ref = F.group_norm(x.double(), 8, eps=1e-6)
+    torch.testing.assert_close(got.double(), ref, rtol=1e-3, atol=1e-3)
+
+
+def test_instance_norm_is_a_group_per_channel():
+    norm = nn.InstanceNorm2d(32)  # Ditto's SPADE norm: affine=False, no running statistics
+    fast = NHWCGroupNorm.replacing(norm)
+    assert fast is not None and fast.num_groups == 32
+    x = _cl(torch.randn(2, 32, 6, 10, generator=torch.Generator().manual_seed(5)) * 2 - 1)
+    torch.testing.assert_close(fast(x), norm(x), rtol=1e-5, atol=1e-5)
+
+
+def test_other_inputs_and_norms_keep_pytorch():
+    """NCHW input, groups that are not powers of two: F.group_norm, same result; BatchNorm and
+    tracked instance norms are not replaced."""
+    norm = nn.GroupNorm(4, 16)
+    fast = NHWCGroupNorm.replacing(norm)
+    x = torch.randn(2, 16, 5, 5).to(DEVICE)
+    assert not kernel_fits(x, 4)
+    with KernelCalls() as spy:
+        torch.testing.assert_close(fast(x), norm(x))
+    assert spy.calls == 0
+    assert NHWCGroupNorm.replacing(nn.GroupNorm(3, 12)) is None
+    assert NHWCGroupNorm.replacing(nn.BatchNorm2d(16)) is None
+    assert NHWCGroupNorm.replacing(nn.InstanceNorm2d(16, track_running_stats=True)) is None
+    with pytest.raises(ValueError, match=r"expected \[N, 16, \.\.\.\]"):
+        fast(torch.randn(2, 8, 5, 5))
+
+
+def test_vae_decoder_copy_matches_and_leaves_the_original_alone():
+    from newsstudio.engines.musetalk.engine import TINY_VAE_CONFIG
+    from newsstudio.engines.musetalk.weights import random_vae
+
+    vae = random_vae(3, DEVICE, config=TINY_VAE_CONFIG)
+    dec = vae.decoder.to(memory_format=torch.channels_last)
+    fast, count = with_nhwc_group_norms(dec)
+    assert count == sum(type(m) is nn.GroupNorm for m in dec.modules()) > 10
+    assert not any(isinstance(m, NHWCGroupNorm) for m in dec.modules())
+    assert fast.conv_norm_out.weight is dec.conv_norm_out.weight  # shared, not copied
+    z = _cl(torch.randn(1, 4, 4, 4, generator=torch.Generator().manual_seed(4)))
+    with torch.inference_mode(), KernelCalls() as spy:
+        ref = dec(vae.post_quant_conv(z))
+        got = fast(vae.post_quant_conv(z))
+    assert spy.calls > 0
+    assert ((got - ref).norm() / ref.norm()).item() < 1e-5
+
+
+def test_compiled_graph_keeps_the_op():
+    """The op's fake gives torch.compile its output; the combine and the affine step trace around it."""
+    norm = NHWCGroupNorm.replacing(nn.GroupNorm(8, 32)).to(DEVICE)
+    x = _cl(torch.randn(2, 32, 6, 6))
+    fn = torch.compile(lambda t: F.silu(norm(t)) + 1, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(fn(x), F.silu(F.group_norm(x, 8, norm.weight, norm.bias)) + 1, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and not torch.cuda.is_available(), reason="Inductor on a CPU needs a C++ compiler")
+def test_inductor_compiles_a_resnet_step_around_the_op():
+    conv = nn.Conv2d(32, 32, 3, padding=1).to(DEVICE).to(memory_format=torch.channels_last)
+    norm = NHWCGroupNorm.replacing(nn.GroupNorm(8, 32)).to(DEVICE)
+    x = _cl(torch.randn(2, 32, 8, 8))
+    with torch.inference_mode():
+        eager = x + conv(F.silu(norm(x)))
+        got = torch.compile(lambda t: t + conv(F.silu(norm(t))), backend="inductor")(x)
+    torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-4)
