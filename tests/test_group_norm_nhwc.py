@@ -124,3 +124,25 @@ def test_inductor_compiles_a_resnet_step_around_the_op():
         eager = x + conv(F.silu(norm(x)))
         got = torch.compile(lambda t: t + conv(F.silu(norm(t))), backend="inductor")(x)
     torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-4)
+
+
+def test_engines_run_their_norms_on_the_kernel_with_the_same_frames(monkeypatch):
+    """``nhwc_norms=True`` (variant flag ':gn'): MuseTalk's decoder GroupNorms and Ditto's SPADE
+    InstanceNorms go through the kernel; the rendered faces stay those of the plain engine."""
+    if not torch.cuda.is_available():  # few, large programs: the interpreter's cost is per step
+        monkeypatch.setattr(gn, "ELEMENTS_PER_CHUNK", 1 << 16)
+        monkeypatch.setattr(gn, "TARGET_PROGRAMS", 2)
+    from newsstudio.engines.ditto.engine import DittoEngine
+    from newsstudio.engines.musetalk.engine import TINY_UNET_CONFIG, TINY_VAE_CONFIG, MuseTalkEngine
+
+    musetalk = dict(weights="random", vae_config=TINY_VAE_CONFIG, unet_config=TINY_UNET_CONFIG, channels_last=True)
+    ditto = dict(weights="random", input_size=128, hubert_layers=2, steps=2, channels_last=True)
+    for make, kw, render in ((MuseTalkEngine, musetalk, "_faces"), (DittoEngine, ditto, "_crops")):
+        plain, fast = make(DEVICE, **kw), make(DEVICE, nhwc_norms=True, **kw)
+        batch = plain.calibration_batch(2)
+        with torch.inference_mode():
+            ref = getattr(plain, render)(*batch)
+            with KernelCalls() as spy:
+                got = getattr(fast, render)(*batch)
+        assert spy.calls > 0, make.__name__
+        assert (got - ref).abs().max().item() <= 1.0, make.__name__  # [0, 255] scale, rounding

@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...accel.group_norm_nhwc import with_nhwc_group_norms
 from ...accel.host_copy import tensor_on, to_device
 from ...accel.igemm_conv import CALIBRATED_MODES, ENGINE_FP8_HEADROOM, calibrate_fp8_, with_triton_convs
 from ...accel.precision import to_channels_last_
@@ -314,6 +315,8 @@ class DittoEngine(Engine):
     ``conv_rewrites``: warp and decoder regrouped for the GPU (models/regrouped.py: aligned 2-D forms
     of the badly shaped 3-D convs, phase convolutions instead of upsample + conv, stacked same-input
     convs; equal up to rounding; the shared plain networks stay as loaded).
+    ``nhwc_norms``: the decoder's SPADE InstanceNorm statistics by accel/group_norm_nhwc.py's
+    kernel (channels-last activations; equal up to rounding; off until the GPU shows it pays).
     ``triton_convs``: warp's and decoder's 2-D convolutions by the Triton implicit-GEMM kernel
     (accel/igemm_conv.py) in half precision (``"half"``), in FP8 (Hopper+) with each input's scale
     from its amax on every call (``"fp8"``) or fixed once when the engine is built (``"fp8-static"``:
@@ -348,6 +351,7 @@ class DittoEngine(Engine):
         cudnn_benchmark: bool | None = None,
         prebake_batch: int | None = None,
         conv_rewrites: bool = True,
+        nhwc_norms: bool = False,
         triton_convs: str = "off",
         stride: int = 1,
         stride_mode: str = "mask",
@@ -383,8 +387,12 @@ class DittoEngine(Engine):
         if self.conv_rewrites and self.channels_last:
             to_channels_last_(self._warp)
             to_channels_last_(self._decoder)
+        self.nhwc_norms = bool(nhwc_norms)
+        if self.nhwc_norms:
+            self._decoder = with_nhwc_group_norms(self._decoder)[0]
         self.triton_convs, self._warp = with_triton_convs(self._warp, triton_convs, device, copied=self.conv_rewrites)
-        _, self._decoder = with_triton_convs(self._decoder, self.triton_convs, device, copied=self.conv_rewrites)
+        _, self._decoder = with_triton_convs(self._decoder, self.triton_convs, device,
+                                             copied=self.conv_rewrites or self.nhwc_norms)
         # warp + decoder as one static-shape callable per batch bucket (CUDA graphs: ~1,000 launches less per call)
         self._crop_runner = BucketedRunner(self._crops, self.accel, sizes=render_buckets())
         # HuBERT over fixed 6480-sample windows, 1-8 per call: ~700 small kernels each, graphed on CUDA.

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...accel.group_norm_nhwc import with_nhwc_group_norms
 from ...accel.igemm_conv import CALIBRATED_MODES, ENGINE_FP8_HEADROOM, calibrate_fp8_, with_triton_convs
 from ...accel.precision import to_channels_last_
 from ...accel.settings import resolve_accel
@@ -246,6 +247,8 @@ class MuseTalkEngine(Engine):
     autotuning (accel/cudnn.py; default on with CUDA); ``conv_rewrites``: the VAE decoder's three
     nearest-2x + 3x3-conv pairs computed as 2x2 phase convolutions (accel/upsample_conv.py: 97 of
     its 622 GFLOP per frame saved, equal up to rounding; the shared VAE itself stays as loaded);
+    ``nhwc_norms``: the VAE decoder's GroupNorm statistics by accel/group_norm_nhwc.py's kernel
+    (channels-last activations; equal up to rounding; off until the GPU shows it pays);
     ``triton_convs``: the VAE decoder's convolutions by the Triton implicit-GEMM kernel
     (accel/igemm_conv.py) in the engine's half precision (``"half"``), in FP8 (Hopper+) with each
     input's scale from its amax on every call (``"fp8"``) or fixed once when the engine is built
@@ -282,6 +285,7 @@ class MuseTalkEngine(Engine):
         cudnn_benchmark: bool | None = None,
         prebake_batch: int | None = None,
         conv_rewrites: bool = True,
+        nhwc_norms: bool = False,
         triton_convs: str = "off",
         unet_config: dict[str, Any] | None = None,
         vae_config: dict[str, Any] | None = None,
@@ -325,8 +329,12 @@ class MuseTalkEngine(Engine):
         self._vae_decoder = with_phase_upsampling(vae.decoder)[0] if self.conv_rewrites else vae.decoder
         if self.conv_rewrites and self.channels_last:
             to_channels_last_(self._vae_decoder)
-        self.triton_convs, self._vae_decoder = with_triton_convs(self._vae_decoder, triton_convs, device,
-                                                                 copied=self.conv_rewrites, fp8_convs=fp8_safe_decoder_conv)
+        self.nhwc_norms = bool(nhwc_norms)
+        if self.nhwc_norms:
+            self._vae_decoder = with_nhwc_group_norms(self._vae_decoder)[0]
+        self.triton_convs, self._vae_decoder = with_triton_convs(
+            self._vae_decoder, triton_convs, device, copied=self.conv_rewrites or self.nhwc_norms,
+            fp8_convs=fp8_safe_decoder_conv)
         # UNet + decode run as one static-shape callable per batch bucket: CUDA graphs remove the
         # ~2,500 kernel launches per call (tens of ms) that dominate small batches. Eager on CPU.
         self._face_runner = BucketedRunner(self._faces, self.accel, sizes=render_buckets())
