@@ -302,6 +302,9 @@ def levers_for(net: Net, half: str) -> list[Lever]:
             Lever(f"{h} channels_last cudagraph", "half", mode="cudagraph", channels_last=True),
             Lever(f"{h} channels_last compile+cudagraph", "half", mode="compile+cudagraph", channels_last=True),
             Lever("fp8 compile+cudagraph", "half", mode="compile+cudagraph", fp8=True)]
+    if net.name == "unet":  # its GroupNorms' statistics by the NHWC kernel (accel/group_norm_nhwc.py)
+        out.append(Lever(f"{h} channels_last compile+cudagraph, nhwc group norms", "half", mode="compile+cudagraph",
+                         channels_last=True, nhwc_norms=True))
     if net.rewrite is not None:  # the engines' exact conv rewrites (MuseTalk VAE: phase upsampling; Ditto: regrouped)
         out += [Lever("fp32 eager, conv rewrites", "fp32", fold=False, rewrite=True),
                 Lever(f"{h} eager, conv rewrites", "half", rewrite=True),

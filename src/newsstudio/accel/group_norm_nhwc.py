@@ -6,16 +6,18 @@ bandwidth (benchmarks/RESULTS.md, twenty-first session's profile: 0.49 ms for on
 over 537 MB, which the bandwidth allows in ~0.12 ms). A group of a channels-last tensor is a few
 channels in every pixel (4 of 128 in the decoder's last block), so a reduction that walks one
 group reads 8 of every 256 bytes of each row. Here each program reads a run of whole pixels (all
-channels, contiguous), reduces every group at once, and merges its chunks with Chan's parallel
-variance formula (two-pass within a chunk held in registers: no cancellation of large means).
+channels, contiguous, 16-byte loads), keeps every channel's count, mean and M2, and merges its
+chunks with Chan's parallel formula (two-pass within a chunk held in registers: no cancellation of
+large means). The channels of a group and the programs' pixel splits are then combined the same way.
 
 Only the statistics are a custom op (``newsstudio::group_norm_partials``: per image, per pixel
-split, per group: count, mean, M2). Combining the splits and the affine normalisation are plain
-tensor ops, so ``torch.compile`` fuses them with what surrounds them (the SiLU after the norm, a
-residual add before it) as it does for its own GroupNorm.
+split, per channel). Combining them into groups and the affine normalisation are plain tensor ops,
+so ``torch.compile`` fuses them with what surrounds them (the SiLU after the norm, a residual add
+before it) as it does for its own GroupNorm. Any group size works (the UNet's 10-40 channels, the
+decoder's 4-16, an InstanceNorm's 1).
 
 Where the kernel cannot run (CPU tensors outside Triton's interpreter, an input that is not
-channels-last, group sizes that are not powers of two) `group_norm_nhwc` is ``F.group_norm``.
+channels-last) `group_norm_nhwc` is ``F.group_norm``.
 """
 from __future__ import annotations
 
@@ -33,67 +35,67 @@ __all__ = ["NHWCGroupNorm", "group_norm_nhwc", "kernel_fits", "with_nhwc_group_n
 
 ELEMENTS_PER_CHUNK = 8192  # pixels x channels one program holds in registers at once (fp32)
 TARGET_PROGRAMS = 2048  # images x splits: several waves over an H200's 132 SMs
+MIN_SPLIT_PIXELS = 128  # a split's partials (12 bytes a channel) stay a few % of what it reads (2 a pixel)
+MAX_CHANNELS = 4096
 
 
-def _pow2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
+def _block_c(c: int) -> int:
+    return 1 << (c - 1).bit_length()
 
 
 def kernel_fits(x: torch.Tensor, groups: int) -> bool:
     """The statistics kernel takes ``x``: 4-D channels-last on CUDA (or in Triton's interpreter),
-    channels and groups powers of two (the kernel's tile shapes), at most 4,096 channels."""
+    half or float32, at most `MAX_CHANNELS` channels in whole groups."""
     if x.dim() != 4 or not triton_available():
         return False
     if not (x.is_cuda or interpreting()):
         return False
     c = x.shape[1]
-    if not (_pow2(c) and _pow2(groups) and c % groups == 0 and c <= 4096 and x.shape[2] * x.shape[3] > 0):
+    if not (0 < c <= MAX_CHANNELS and groups > 0 and c % groups == 0 and x.shape[2] * x.shape[3] > 0):
         return False
     return x.is_contiguous(memory_format=torch.channels_last) and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _layout(n: int, c: int, hw: int) -> tuple[int, int, int]:
     """(pixels per chunk, pixels per split, splits) for ``n`` images of ``hw`` pixels of ``c`` channels."""
-    block_p = max(1, ELEMENTS_PER_CHUNK // c)
+    block_p = max(1, ELEMENTS_PER_CHUNK // _block_c(c))
     chunks = -(-hw // block_p)
-    splits = max(1, min(chunks, -(-TARGET_PROGRAMS // max(n, 1))))
+    splits = max(1, min(chunks, -(-TARGET_PROGRAMS // max(n, 1)), hw // MIN_SPLIT_PIXELS))
     per_split = -(-chunks // splits) * block_p
     return block_p, per_split, -(-hw // per_split)
 
 
 def _partials_kernel(x_ptr, out_ptr, HW, PER_SPLIT, SPLITS,
-                     C: tl.constexpr, G: tl.constexpr, BLOCK_P: tl.constexpr):
-    """Program (image n, split s): count, mean and M2 of every group over pixels
-    ``[s * PER_SPLIT, (s + 1) * PER_SPLIT)`` of image n, chunk by chunk."""
+                     C: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Program (image n, split s): count, mean and M2 of every channel over pixels
+    ``[s * PER_SPLIT, (s + 1) * PER_SPLIT)`` of image n, chunk by chunk (groups are formed after)."""
     n = tl.program_id(0)
     s = tl.program_id(1)
-    CPG: tl.constexpr = C // G
     start = s * PER_SPLIT
     stop = tl.minimum(start + PER_SPLIT, HW)
-    offs_c = tl.arange(0, C)
+    offs_c = tl.arange(0, BLOCK_C)
+    c_ok = offs_c < C
     image = x_ptr + n.to(tl.int64) * HW * C
-    count = tl.zeros((G,), dtype=tl.float32)
-    mean = tl.zeros((G,), dtype=tl.float32)
-    m2 = tl.zeros((G,), dtype=tl.float32)
+    count = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    mean = tl.zeros((BLOCK_C,), dtype=tl.float32)
+    m2 = tl.zeros((BLOCK_C,), dtype=tl.float32)
     for p0 in range(start, stop, BLOCK_P):
         offs_p = p0 + tl.arange(0, BLOCK_P)
-        ok = offs_p < stop
-        v = tl.load(image + offs_p.to(tl.int64)[:, None] * C + offs_c[None, :], mask=ok[:, None], other=0.0)
-        v = tl.reshape(v.to(tl.float32), (BLOCK_P, G, CPG))
-        n_chunk = tl.sum(ok.to(tl.float32), axis=0) * CPG
-        chunk_mean = tl.sum(tl.sum(v, axis=2), axis=0) / n_chunk
-        d = tl.where(tl.reshape(ok, (BLOCK_P, 1, 1)), v - tl.reshape(chunk_mean, (1, G, 1)), 0.0)
-        chunk_m2 = tl.sum(tl.sum(d * d, axis=2), axis=0)
-        total = count + n_chunk
+        ok = (offs_p < stop)[:, None] & c_ok[None, :]
+        v = tl.load(image + offs_p.to(tl.int64)[:, None] * C + offs_c[None, :], mask=ok, other=0.0).to(tl.float32)
+        n_chunk = tl.sum(ok.to(tl.float32), axis=0)  # [BLOCK_C]: the chunk's pixels (0 past C)
+        chunk_mean = tl.sum(v, axis=0) / tl.maximum(n_chunk, 1.0)
+        d = tl.where(ok, v - chunk_mean[None, :], 0.0)
+        chunk_m2 = tl.sum(d * d, axis=0)
+        total = tl.maximum(count + n_chunk, 1.0)
         delta = chunk_mean - mean
         mean += delta * (n_chunk / total)
         m2 += chunk_m2 + delta * delta * (count * n_chunk / total)
-        count = total
-    offs_g = tl.arange(0, G)
-    row = out_ptr + ((n * SPLITS + s) * 3).to(tl.int64) * G
-    tl.store(row + offs_g, count)
-    tl.store(row + G + offs_g, mean)
-    tl.store(row + 2 * G + offs_g, m2)
+        count += n_chunk
+    row = out_ptr + ((n * SPLITS + s) * 3).to(tl.int64) * C
+    tl.store(row + offs_c, count, mask=c_ok)
+    tl.store(row + C + offs_c, mean, mask=c_ok)
+    tl.store(row + 2 * C + offs_c, m2, mask=c_ok)
 
 
 @functools.lru_cache(maxsize=None)
@@ -110,28 +112,30 @@ tl = None  # triton.language, bound by `_kernel` (Triton is imported on first us
 
 
 @torch.library.custom_op("newsstudio::group_norm_partials", mutates_args=(), tags=(EXACT_STRIDES,))
-def _group_norm_partials(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """[N, splits, 3, groups] float32: count, mean, M2 of each group over each pixel split."""
+def _group_norm_partials(x: torch.Tensor) -> torch.Tensor:
+    """[N, splits, 3, C] float32: count, mean, M2 of each channel over each pixel split."""
     n, c, h, w = x.shape
     block_p, per_split, splits = _layout(n, c, h * w)
-    out = torch.empty((n, splits, 3, groups), dtype=torch.float32, device=x.device)
+    out = torch.empty((n, splits, 3, c), dtype=torch.float32, device=x.device)
     x = x.contiguous(memory_format=torch.channels_last)
-    _kernel()[(n, splits)](x, out, h * w, per_split, splits, C=c, G=groups, BLOCK_P=block_p)
+    _kernel()[(n, splits)](x, out, h * w, per_split, splits, C=c, BLOCK_C=_block_c(c), BLOCK_P=block_p)
     return out
 
 
 @_group_norm_partials.register_fake
-def _(x, groups):
+def _(x):
     n, c, h, w = x.shape
-    return x.new_empty((n, _layout(n, c, h * w)[2], 3, groups), dtype=torch.float32)
+    return x.new_empty((n, _layout(n, c, h * w)[2], 3, c), dtype=torch.float32)
 
 
-def _mean_rstd(partials: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chan's combination of the splits: [N, G] mean and 1 / sqrt(var + eps), float32."""
-    count, mean, m2 = partials.unbind(2)  # each [N, S, G]
-    total = count.sum(1)
-    mu = (count * mean).sum(1) / total
-    var = (m2.sum(1) + (count * (mean - mu[:, None]).square()).sum(1)) / total
+def _mean_rstd(partials: torch.Tensor, groups: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chan's combination of every split and channel of a group: [N, G] mean and 1 / sqrt(var + eps),
+    float32."""
+    n, s, _, c = partials.shape
+    count, mean, m2 = partials.reshape(n, s, 3, groups, c // groups).unbind(2)  # each [N, S, G, C/G]
+    total = count.sum((1, 3))
+    mu = (count * mean).sum((1, 3)) / total
+    var = (m2.sum((1, 3)) + (count * (mean - mu[:, None, :, None]).square()).sum((1, 3))) / total
     return mu, torch.rsqrt(var + eps)
 
 
@@ -142,7 +146,7 @@ def group_norm_nhwc(x: torch.Tensor, groups: int, weight: torch.Tensor | None = 
     if not kernel_fits(x, groups):
         return F.group_norm(x, groups, weight, bias, eps)
     n, c = x.shape[:2]
-    mu, rstd = _mean_rstd(_group_norm_partials(x, groups), eps)
+    mu, rstd = _mean_rstd(_group_norm_partials(x), groups, eps)
     scale = rstd.repeat_interleave(c // groups, dim=1)  # [N, C]
     if weight is not None:
         scale = scale * weight.float()
@@ -165,15 +169,15 @@ class NHWCGroupNorm(nn.Module):
 
     @classmethod
     def replacing(cls, norm: nn.Module) -> "NHWCGroupNorm | None":
-        """The replacement of ``norm``, or None where it is neither of the two (or its channels
-        and groups are not powers of two: the kernel would never run)."""
+        """The replacement of ``norm``, or None where it is neither of the two (or wider than the
+        kernel takes)."""
         if type(norm) is nn.GroupNorm:
             groups, channels = norm.num_groups, norm.num_channels
         elif type(norm) is nn.InstanceNorm2d and not norm.track_running_stats:
             groups = channels = norm.num_features
         else:
             return None
-        if not (_pow2(groups) and _pow2(channels)):
+        if channels > MAX_CHANNELS:
             return None
         return cls(groups, channels, norm.eps, norm.weight, norm.bias)
 

@@ -247,7 +247,7 @@ class MuseTalkEngine(Engine):
     autotuning (accel/cudnn.py; default on with CUDA); ``conv_rewrites``: the VAE decoder's three
     nearest-2x + 3x3-conv pairs computed as 2x2 phase convolutions (accel/upsample_conv.py: 97 of
     its 622 GFLOP per frame saved, equal up to rounding; the shared VAE itself stays as loaded);
-    ``nhwc_norms``: the VAE decoder's GroupNorm statistics by accel/group_norm_nhwc.py's kernel
+    ``nhwc_norms``: the UNet's and the VAE decoder's GroupNorm statistics by accel/group_norm_nhwc.py's kernel
     (channels-last activations; equal up to rounding; off until the GPU shows it pays);
     ``triton_convs``: the VAE decoder's convolutions by the Triton implicit-GEMM kernel
     (accel/igemm_conv.py) in the engine's half precision (``"half"``), in FP8 (Hopper+) with each
@@ -322,14 +322,14 @@ class MuseTalkEngine(Engine):
         self.vae_id = vae_fingerprint(self.models.vae)
         self._scale = 1.0 / scaling_factor_of(self.models.vae)
         self._t0 = torch.zeros(1, dtype=torch.long, device=device)
-        self._unet = self.models.unet
+        self.nhwc_norms = bool(nhwc_norms)
+        self._unet = with_nhwc_group_norms(self.models.unet)[0] if self.nhwc_norms else self.models.unet
         self.conv_rewrites = bool(conv_rewrites)
         vae = self.models.vae
         self._post_quant_conv = vae.post_quant_conv if vae.post_quant_conv is not None else torch.nn.Identity()
         self._vae_decoder = with_phase_upsampling(vae.decoder)[0] if self.conv_rewrites else vae.decoder
         if self.conv_rewrites and self.channels_last:
             to_channels_last_(self._vae_decoder)
-        self.nhwc_norms = bool(nhwc_norms)
         if self.nhwc_norms:
             self._vae_decoder = with_nhwc_group_norms(self._vae_decoder)[0]
         self.triton_convs, self._vae_decoder = with_triton_convs(
