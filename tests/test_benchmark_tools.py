@@ -1,7 +1,10 @@
 """The benchmark helpers whose arithmetic the GPU reports rely on."""
 from __future__ import annotations
 
+import shutil
+
 import pytest
+import torch
 
 from benchmarks.gpu_timeline import summarize_trace
 
@@ -210,3 +213,23 @@ def test_triton_conv_bench_groups_layer_shapes_and_sums_the_per_shape_choice():
     t = totals(rows)
     assert t["cudnn"] == 3.0 and t["fp16 pointer"] == 2.0 and t["auto fp16"] == 2.0 and t["auto fp8"] == 1.8
     assert "failed" in table(rows) and "0.500 (2)" in table(rows)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and not torch.cuda.is_available(), reason="Inductor on a CPU needs a C++ compiler")
+def test_group_norm_bench_compares_both_norms_per_shape(tmp_path):
+    """benchmarks.group_norm_bench: one row per shape with both implementations' times, the same
+    result from both (compiled), channels-last out."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "gn.json"
+    cmd = [sys.executable, "-m", "benchmarks.group_norm_bench", "--quick", "--batch", "2", "--iters", "1", "--json", str(out)]
+    done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["channels"], r["groups"]) for r in rows] == [(64, 32), (40, 4)]
+    assert all(r["inductor_ms"] > 0 and r["nhwc_ms"] > 0 and r["max_abs_diff"] < 1e-4 for r in rows)
+    assert all(r["out_channels_last"] == {"inductor": True, "nhwc": True} for r in rows)
+    assert "| quick | 64 x 16^2 (32) |" in done.stdout

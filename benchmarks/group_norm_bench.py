@@ -1,0 +1,85 @@
+"""Per shape: GroupNorm + SiLU of channels-last activations, Inductor's own kernels vs the NHWC
+statistics kernel (accel/group_norm_nhwc.py) with Inductor fusing the rest, both compiled.
+
+    python -m benchmarks.group_norm_bench [--batch 32] [--iters 20] [--quick] [--json out.json]
+
+Shapes: the GroupNorms of MuseTalk's VAE decoder (32 groups of 128-512 channels at 32-256 pixels
+square) and UNet (320-1280 channels at 4-32), and Ditto's SPADE InstanceNorms (a group per channel).
+For each, the median CUDA-event time of one compiled ``silu(norm(x))`` call per implementation, the
+bytes it must move at least (read x twice: statistics and normalisation; write y once) as GB/s, and
+the largest difference between the two outputs. ``benchmarks.levers`` times the whole networks.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .bucket_timing import time_call
+from .common import machine, write_json
+
+# (channels, side, groups, where)
+SHAPES = (
+    (512, 32, 32, "VAE mid / up_blocks.0"), (512, 64, 32, "VAE up_blocks.1"), (512, 128, 32, "VAE up_blocks.2 in"),
+    (256, 128, 32, "VAE up_blocks.2"), (256, 256, 32, "VAE up_blocks.3 in"), (128, 256, 32, "VAE up_blocks.3"),
+    (320, 32, 32, "UNet 32x32"), (640, 16, 32, "UNet 16x16"), (1280, 8, 32, "UNet 8x8"),
+    (512, 64, 512, "Ditto SPADE 64x64"), (256, 128, 256, "Ditto SPADE 128x128"), (64, 256, 64, "Ditto SPADE 256x256"),
+)
+QUICK_SHAPES = ((64, 16, 32, "quick"), (40, 8, 4, "quick, 10 channels a group"))
+
+
+def bench_shape(c: int, side: int, groups: int, batch: int, iters: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    from newsstudio.accel.group_norm_nhwc import group_norm_nhwc
+
+    g = torch.Generator(device="cpu").manual_seed(c + side)
+    x = (torch.randn(batch, c, side, side, generator=g) * 2 + 0.5).to(device, dtype).contiguous(memory_format=torch.channels_last)
+    weight = torch.randn(c, generator=g).to(device, dtype)
+    bias = torch.randn(c, generator=g).to(device, dtype)
+    inductor = torch.compile(lambda t: F.silu(F.group_norm(t, groups, weight, bias, 1e-6)), dynamic=False)
+    ours = torch.compile(lambda t: F.silu(group_norm_nhwc(t, groups, weight, bias, 1e-6)), dynamic=False)
+    row: dict[str, Any] = {"channels": c, "side": side, "groups": groups, "batch": batch, "MB": x.numel() * x.element_size() / 1e6}
+    with torch.inference_mode():
+        a, b = inductor(x), ours(x)
+        row["max_abs_diff"] = (a.float() - b.float()).abs().max().item()
+        row["out_channels_last"] = {"inductor": a.is_contiguous(memory_format=torch.channels_last),
+                                    "nhwc": b.is_contiguous(memory_format=torch.channels_last)}
+    least_bytes = 3 * x.numel() * x.element_size()
+    for name, fn in (("inductor", inductor), ("nhwc", ours)):
+        ms, _ = time_call(lambda fn=fn: fn(x), device, iters)
+        row[f"{name}_ms"] = ms
+        row[f"{name}_GBps"] = least_bytes / ms / 1e6
+    row["speedup"] = row["inductor_ms"] / row["nhwc_ms"]
+    return row
+
+
+def main() -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--quick", action="store_true", help="two small shapes (a CPU run through Triton's interpreter)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    shapes = QUICK_SHAPES if args.quick else SHAPES
+    rows = []
+    print("| where | C x side^2 (groups) | MB | Inductor ms | GB/s | NHWC kernel ms | GB/s | speedup | max diff |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for c, side, groups, where in shapes:
+        r = bench_shape(c, side, groups, args.batch, args.iters, device, dtype)
+        r["where"] = where
+        rows.append(r)
+        print(f"| {where} | {c} x {side}^2 ({groups}) | {r['MB']:.0f} | {r['inductor_ms']:.3f} | {r['inductor_GBps']:.0f} | "
+              f"{r['nhwc_ms']:.3f} | {r['nhwc_GBps']:.0f} | {r['speedup']:.2f}x | {r['max_abs_diff']:.1e} |", flush=True)
+    total = {k: sum(r[k] for r in rows) for k in ("inductor_ms", "nhwc_ms")}
+    print(f"total (one call per shape): Inductor {total['inductor_ms']:.2f} ms, NHWC kernel {total['nhwc_ms']:.2f} ms")
+    out = {"machine": machine(), "batch": args.batch, "dtype": str(dtype), "rows": rows, "total": total}
+    write_json(args.json, out)
+    return out
+
+
+if __name__ == "__main__":
+    main()
