@@ -322,6 +322,9 @@ def levers_for(net: Net, half: str) -> list[Lever]:
             out += [Lever(f"{h} channels_last {mode}, conv rewrites, triton {t} convs", "half", mode=mode,
                           channels_last=True, rewrite=True, triton=t)
                     for t in ("half", "fp8", "fp8-static", "mixed") for mode in ("cudagraph", "compile+cudagraph")]
+            out += [Lever(f"{h} channels_last compile+cudagraph, conv rewrites, triton {t} convs, nhwc group norms", "half",
+                          mode="compile+cudagraph", channels_last=True, rewrite=True, triton=t, nhwc_norms=True)
+                    for t in ("half", "mixed")]
     return out
 
 
