@@ -152,9 +152,9 @@ def compile_group_norm(channels: int, dtype: torch.dtype, target_arch: int = 90)
     kernel = gn._kernel()
     params = list(inspect.signature(kernel.fn).parameters)
     meta = {"C": channels, "BLOCK_C": gn._block_c(channels), "BLOCK_P": gn._layout(1, channels, 1 << 16)[0]}
-    sig = {"x_ptr": f"*{_TYPES[dtype]}", "out_ptr": "*fp32", "HW": "i32", "PER_SPLIT": "i32", "SPLITS": "i32",
+    sig = {"x_ptr": f"*{_TYPES[dtype]}", "out_ptr": "*fp32", "HW": "i32", "CHUNKS": "i32", "SPLITS": "i32",
            **{k: "constexpr" for k in meta}}
-    attrs = {(params.index(p),): [["tt.divisibility", 16]] for p in ("x_ptr", "out_ptr", "HW", "PER_SPLIT")}
+    attrs = {(params.index(p),): [["tt.divisibility", 16]] for p in ("x_ptr", "out_ptr", "HW")}
     src = ASTSource(fn=kernel, signature={p: sig[p] for p in params},
                     constexprs={(params.index(k),): v for k, v in meta.items()}, attrs=attrs)
     record = {"kernel": "group_norm_partials", "dtype": _TYPES[dtype], "shape": [channels]}

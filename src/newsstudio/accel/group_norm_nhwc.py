@@ -65,23 +65,23 @@ def _layout(n: int, c: int, hw: int) -> tuple[int, int, int]:
     return block_p, per_split, -(-hw // per_split)
 
 
-def _partials_kernel(x_ptr, out_ptr, HW, PER_SPLIT, SPLITS,
+def _partials_kernel(x_ptr, out_ptr, HW, CHUNKS, SPLITS,
                      C: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr):
-    """Program (image n, split s): count, mean and M2 of every channel over pixels
-    ``[s * PER_SPLIT, (s + 1) * PER_SPLIT)`` of image n, chunk by chunk (groups are formed after)."""
+    """Program (image n, split s): count, mean and M2 of every channel over the ``CHUNKS`` chunks of
+    ``BLOCK_P`` pixels from pixel ``s * CHUNKS * BLOCK_P`` of image n (groups are formed after); the
+    last split's chunks past the image's end are masked out."""
     n = tl.program_id(0)
     s = tl.program_id(1)
-    start = s * PER_SPLIT
-    stop = tl.minimum(start + PER_SPLIT, HW)
+    start = s * CHUNKS * BLOCK_P
     offs_c = tl.arange(0, BLOCK_C)
     c_ok = offs_c < C
     image = x_ptr + n.to(tl.int64) * HW * C
     count = tl.zeros((BLOCK_C,), dtype=tl.float32)
     mean = tl.zeros((BLOCK_C,), dtype=tl.float32)
     m2 = tl.zeros((BLOCK_C,), dtype=tl.float32)
-    for p0 in range(start, stop, BLOCK_P):
-        offs_p = p0 + tl.arange(0, BLOCK_P)
-        ok = (offs_p < stop)[:, None] & c_ok[None, :]
+    for i in range(0, CHUNKS):
+        offs_p = start + i * BLOCK_P + tl.arange(0, BLOCK_P)
+        ok = (offs_p < HW)[:, None] & c_ok[None, :]
         v = tl.load(image + offs_p.to(tl.int64)[:, None] * C + offs_c[None, :], mask=ok, other=0.0).to(tl.float32)
         n_chunk = tl.sum(ok.to(tl.float32), axis=0)  # [BLOCK_C]: the chunk's pixels (0 past C)
         chunk_mean = tl.sum(v, axis=0) / tl.maximum(n_chunk, 1.0)
@@ -118,7 +118,7 @@ def _group_norm_partials(x: torch.Tensor) -> torch.Tensor:
     block_p, per_split, splits = _layout(n, c, h * w)
     out = torch.empty((n, splits, 3, c), dtype=torch.float32, device=x.device)
     x = x.contiguous(memory_format=torch.channels_last)
-    _kernel()[(n, splits)](x, out, h * w, per_split, splits, C=c, BLOCK_C=_block_c(c), BLOCK_P=block_p)
+    _kernel()[(n, splits)](x, out, h * w, per_split // block_p, splits, C=c, BLOCK_C=_block_c(c), BLOCK_P=block_p)
     return out
 
 
