@@ -12,7 +12,6 @@ the largest difference between the two outputs. ``benchmarks.levers`` times the 
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 import torch

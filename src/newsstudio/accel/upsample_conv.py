@@ -25,12 +25,13 @@ from torch import nn
 
 from .shared_copy import shared_copy
 
-__all__ = ["PhaseUpsampleConv", "with_phase_upsampling", "INTERLEAVES"]
+__all__ = ["INTERLEAVES", "PhaseUpsampleConv", "with_phase_upsampling"]
 
 # How the phases are interleaved (see PhaseUpsampleConv.forward): "auto" channel-minor into a
 # channels-last result when an implementation is in the slot and the input is channels-last, else
 # NCHW order; "channels_last" channel-minor whenever the input is channels-last; "nchw" always.
 INTERLEAVES = ("auto", "channels_last", "nchw")
+
 
 def _tap_sums(scale: int) -> tuple[torch.Tensor, list[int]]:
     """Per output phase ``a`` (row parity modulo ``scale``): which of the 3x3 taps sum into each of
