@@ -7,7 +7,9 @@ of: the phase convolution against nearest-2x + 3x3 conv at the SD VAE decoder's 
 the 2x2 phase convolution with padding 1 against the same with explicit zero padding and with
 cuDNN off (a cuDNN algorithm that mishandled even kernels would show here); the whole VAE decoder
 rewritten vs plain; Ditto's DepthSlicedConv3d against its Conv3d (the mask conv shape, and the
-upsampling form); Ditto's regrouped warp + decoder against the plain ones. Seeded random weights.
+upsampling form); Ditto's regrouped warp + decoder against the plain ones; the GroupNorm /
+InstanceNorm statistics kernel (accel/group_norm_nhwc.py) in both decoders, channels-last, against
+PyTorch's norms. Seeded random weights.
 Prints one line per check; a rewrite is correct when its error is at the dtype's rounding level
 (fp32 ~1e-6, fp16 ~1e-3, bf16 ~1e-2).
 """
@@ -20,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from newsstudio.accel.depth_sliced_conv3d import DepthSlicedConv3d
+from newsstudio.accel.group_norm_nhwc import with_nhwc_group_norms
 from newsstudio.accel.upsample_conv import PhaseUpsampleConv, with_phase_upsampling
 
 
@@ -64,7 +67,14 @@ def main(argv: list[str] | None = None) -> int:
         nn.Module.to(vae, dt), fast.to(dt)  # (diffusers' own .to warns about float32 modules)
         zz = vae.post_quant_conv(z.to(dt))
         print(f"VAE decoder batch {b} {str(dt)[6:]}: rewritten vs plain {rel(fast(zz), vae.decoder(zz)):.2e}", flush=True)
-    del vae, fast
+    fast = fast.to(memory_format=torch.channels_last)  # the NHWC norm kernel reads channels-last activations
+    norms = with_nhwc_group_norms(fast)[0]
+    for dt in dtypes:
+        nn.Module.to(vae, dt), fast.to(dt)
+        zz = vae.post_quant_conv(z.to(dt)).contiguous(memory_format=torch.channels_last)
+        print(f"VAE decoder channels_last batch {b} {str(dt)[6:]}: NHWC norm statistics vs PyTorch's {rel(norms(zz), fast(zz)):.2e}",
+              flush=True)
+    del vae, fast, norms
 
     mask = nn.Conv3d(142, 22, 7, padding=3).to(dev)
     x3 = torch.randn(2, 142, 16, 64, 64, device=dev, generator=g)
@@ -89,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     w_ref = warp(feat, kp_s, kp_d)
     print(f"Ditto regrouped warp fp32: {rel(rwarp(feat, kp_s, kp_d), w_ref):.2e}; regrouped decoder logits fp32: "
           f"{rel(rdec.forward_logits(w_ref), dec.forward_logits(w_ref)):.2e}", flush=True)
+    cl = w_ref.contiguous(memory_format=torch.channels_last)
+    rdec_cl = rdec.to(memory_format=torch.channels_last)
+    print(f"Ditto regrouped decoder channels_last fp32: NHWC instance-norm statistics vs PyTorch's "
+          f"{rel(with_nhwc_group_norms(rdec_cl)[0].forward_logits(cl), rdec_cl.forward_logits(cl)):.2e}", flush=True)
     return 0
 
 
