@@ -71,6 +71,10 @@ def test_instance_norm_is_a_group_per_channel():
     assert fast is not None and fast.num_groups == 32
     x = _cl(torch.randn(2, 32, 6, 10, generator=torch.Generator().manual_seed(5)) * 2 - 1)
     torch.testing.assert_close(fast(x), norm(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fast(x[1]), norm(x[1]), rtol=1e-5, atol=1e-5)  # InstanceNorm2d takes one [C, H, W] image
+    affine = nn.InstanceNorm2d(32, affine=True)
+    nn.init.normal_(affine.weight), nn.init.normal_(affine.bias)
+    torch.testing.assert_close(NHWCGroupNorm.replacing(affine)(x), affine(x), rtol=1e-5, atol=1e-5)
 
 
 def test_other_inputs_and_norms_keep_pytorch():

@@ -162,10 +162,11 @@ class NHWCGroupNorm(nn.Module):
     computed by `group_norm_nhwc`."""
 
     def __init__(self, num_groups: int, num_channels: int, eps: float, weight: nn.Parameter | None = None,
-                 bias: nn.Parameter | None = None) -> None:
+                 bias: nn.Parameter | None = None, instance: bool = False) -> None:
         super().__init__()
         self.num_groups, self.num_channels, self.eps = num_groups, num_channels, eps
         self.weight, self.bias = weight, bias
+        self.instance = instance  # an InstanceNorm2d's replacement also takes one unbatched [C, H, W] image
 
     @classmethod
     def replacing(cls, norm: nn.Module) -> "NHWCGroupNorm | None":
@@ -179,9 +180,11 @@ class NHWCGroupNorm(nn.Module):
             return None
         if channels > MAX_CHANNELS:
             return None
-        return cls(groups, channels, norm.eps, norm.weight, norm.bias)
+        return cls(groups, channels, norm.eps, norm.weight, norm.bias, instance=type(norm) is nn.InstanceNorm2d)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.instance and x.dim() == 3:
+            return self(x[None])[0]
         if x.dim() < 2 or x.shape[1] != self.num_channels:  # other ranks (attention's [N, C, L]): F.group_norm
             raise ValueError(f"expected [N, {self.num_channels}, ...], got {tuple(x.shape)}")
         return group_norm_nhwc(x, self.num_groups, self.weight, self.bias, self.eps)
