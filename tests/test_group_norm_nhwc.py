@@ -48,6 +48,11 @@ def test_equals_group_norm(shape, groups, dtype):
     assert got.dtype == dtype and got.is_contiguous(memory_format=torch.channels_last)
     tol = 1e-5 if dtype == torch.float32 else 4e-3
     torch.testing.assert_close(got.double(), ref, rtol=tol, atol=tol)
+    # the optional apply kernel, with and without the SiLU that follows the decoders' norms
+    for silu in (False, True):
+        got = group_norm_nhwc(x, groups, weight, bias, 1e-6, silu=silu, apply_kernel=True)
+        assert got.dtype == dtype and got.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(got.double(), F.silu(ref) if silu else ref, rtol=tol, atol=tol)
 
 
 def test_splits_of_several_chunks_and_a_ragged_last_chunk(monkeypatch):
@@ -116,6 +121,13 @@ def test_compiled_graph_keeps_the_op():
     x = _cl(torch.randn(2, 32, 6, 6))
     fn = torch.compile(lambda t: F.silu(norm(t)) + 1, backend="aot_eager", fullgraph=True)
     torch.testing.assert_close(fn(x), F.silu(F.group_norm(x, 8, norm.weight, norm.bias)) + 1, rtol=1e-5, atol=1e-5)
+    fused = torch.compile(lambda t: group_norm_nhwc(t, 8, norm.weight, norm.bias, silu=True, apply_kernel=True) + 1,
+                          backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        got = fused(x)
+    torch.testing.assert_close(got, F.silu(F.group_norm(x, 8, norm.weight, norm.bias)) + 1, rtol=1e-5, atol=1e-5)
+    # with autograd on (the weights require grad) the differentiable tensor ops apply instead
+    torch.testing.assert_close(fused(x), got, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None and not torch.cuda.is_available(), reason="Inductor on a CPU needs a C++ compiler")

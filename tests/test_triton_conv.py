@@ -423,6 +423,8 @@ def test_every_tile_the_autotuner_may_pick_compiles_for_hopper():
     norms = {(r["shape"][0], r["dtype"]): r for r in records[:-1] if r["kernel"] == "group_norm_partials"}
     assert len(norms) == 14 and all(r["loads"] for r in norms.values())
     assert all(norms[c, "fp16"]["vector_loads"] == norms[c, "fp16"]["loads"] for c in (64, 128, 256, 512))
+    applies = [r for r in records[:-1] if r["kernel"] == "norm_apply"]  # the optional apply (+ SiLU) kernel
+    assert len(applies) == 7 and all(r["vector_loads"] for r in applies)
     tma = [r for r in tiles if r["kernel"] == "tma"]
     assert tma and not any(r["operand_a_from_registers"] for r in tma)  # one-row boxes: the operand in place
 

@@ -141,23 +141,30 @@ def compile_layer(shape: LayerShape, dtype: torch.dtype, kernel: str, target_arc
 NORM_CHANNELS = (64, 128, 256, 512, 320, 640, 1280)
 
 
-def compile_group_norm(channels: int, dtype: torch.dtype, target_arch: int = 90) -> dict:
-    """Compile the statistics kernel as a launch of it would: its chunk of pixels, 4 warps."""
+def compile_group_norm(channels: int, dtype: torch.dtype, which: str = "partials", target_arch: int = 90) -> dict:
+    """Compile the statistics kernel (or the apply kernel, with SiLU) as a launch of it would: its
+    chunk of pixels, 4 warps."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from newsstudio.accel import group_norm_nhwc as gn
 
-    kernel = gn._kernel()
+    kernel = gn._kernels()[which]
     params = list(inspect.signature(kernel.fn).parameters)
     meta = {"C": channels, "BLOCK_C": gn._block_c(channels), "BLOCK_P": gn._layout(1, channels, 1 << 16)[0]}
-    sig = {"x_ptr": f"*{_TYPES[dtype]}", "out_ptr": "*fp32", "HW": "i32", "CHUNKS": "i32", "SPLITS": "i32",
-           **{k: "constexpr" for k in meta}}
-    attrs = {(params.index(p),): [["tt.divisibility", 16]] for p in ("x_ptr", "out_ptr", "HW")}
+    if which == "partials":
+        sig = {"x_ptr": f"*{_TYPES[dtype]}", "out_ptr": "*fp32", "HW": "i32", "CHUNKS": "i32", "SPLITS": "i32"}
+    else:
+        meta["SILU"] = True
+        sig = {"x_ptr": f"*{_TYPES[dtype]}", "scale_ptr": "*fp32", "shift_ptr": "*fp32", "y_ptr": f"*{_TYPES[dtype]}",
+               "HW": "i32"}
+    sig.update({k: "constexpr" for k in meta})
+    attrs = {(params.index(p),): [["tt.divisibility", 16]] for p in params if sig[p].startswith("*") or p == "HW"}
     src = ASTSource(fn=kernel, signature={p: sig[p] for p in params},
                     constexprs={(params.index(k),): v for k, v in meta.items()}, attrs=attrs)
-    record = {"kernel": "group_norm_partials", "dtype": _TYPES[dtype], "shape": [channels]}
+    record = {"kernel": "group_norm_partials" if which == "partials" else "norm_apply", "dtype": _TYPES[dtype],
+              "shape": [channels]}
     try:
         compiled = triton.compile(src, target=GPUTarget("cuda", target_arch, 32), options={"num_warps": 4})
     except Exception as exc:  # noqa: BLE001 - reported per shape, the caller decides
@@ -183,8 +190,8 @@ def main() -> int:
                     failures += bad
                     print(json.dumps(record), flush=True)
     for channels in NORM_CHANNELS:
-        for dtype in (torch.float16, torch.float32):
-            record = compile_group_norm(channels, dtype)
+        for dtype, which in ((torch.float16, "partials"), (torch.float32, "partials"), (torch.float16, "apply")):
+            record = compile_group_norm(channels, dtype, which)
             count += 1
             failures += "error" in record or record["shared"] > SM90_SHARED_BYTES
             print(json.dumps(record), flush=True)

@@ -3,7 +3,7 @@
 # cuDNN with the channel-minor phase interleave, with the NHWC norms (and both), the Triton convs half / mixed.
 # (Written in the twenty-first session, extended in the twenty-second; not yet run.) ~450 s.
 . .carry/setup.sh; set -o pipefail; export PATH=/tmp/site/bin:$PATH
-timeout 200 python -m benchmarks.group_norm_bench --batch 32 --json $OUT/group_norm.json 2>&1 | grep -v Warn | tee $OUT/group_norm.log | grep "^|\|total"
+timeout 240 python -m benchmarks.group_norm_bench --batch 32 --json $OUT/group_norm.json 2>&1 | grep -v Warn | tee $OUT/group_norm.log | grep "^|\|total"
 r="fp16 channels_last compile+cudagraph, conv rewrites"
 timeout $((585 - SECONDS)) python -m benchmarks.levers --only vae --batch vae=32 --budget 330 --json $OUT/levers_vae2.json \
   --levers "$r;$r, channels-last interleave;$r, nhwc group norms;$r, channels-last interleave, nhwc group norms;$r, triton half convs;$r, triton mixed convs" \

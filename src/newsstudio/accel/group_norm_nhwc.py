@@ -98,14 +98,37 @@ def _partials_kernel(x_ptr, out_ptr, HW, CHUNKS, SPLITS,
     tl.store(row + 2 * C + offs_c, m2, mask=c_ok)
 
 
+def _apply_kernel(x_ptr, scale_ptr, shift_ptr, y_ptr, HW,
+                  C: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr, SILU: tl.constexpr):
+    """Program (image n, pixel block b): ``y = x * scale[n] + shift[n]`` (then SiLU) over BLOCK_P
+    whole pixels, in x's dtype and layout."""
+    n = tl.program_id(0)
+    offs_p = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_c = tl.arange(0, BLOCK_C)
+    c_ok = offs_c < C
+    ok = (offs_p < HW)[:, None] & c_ok[None, :]
+    at = n.to(tl.int64) * HW * C + offs_p.to(tl.int64)[:, None] * C + offs_c[None, :]
+    v = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    sc = tl.load(scale_ptr + n * C + offs_c, mask=c_ok, other=0.0)
+    sh = tl.load(shift_ptr + n * C + offs_c, mask=c_ok, other=0.0)
+    y = v * sc[None, :] + sh[None, :]
+    if SILU:
+        y = y * tl.sigmoid(y)
+    tl.store(y_ptr + at, y.to(y_ptr.dtype.element_ty), mask=ok)
+
+
 @functools.lru_cache(maxsize=None)
-def _kernel():
-    """Jitted on first use (``triton.jit`` reads TRITON_INTERPRET when it decorates)."""
+def _kernels() -> dict:
+    """{"partials", "apply"}: jitted on first use (``triton.jit`` reads TRITON_INTERPRET when it decorates)."""
     if not triton_available():
-        raise RuntimeError("the GroupNorm statistics kernel needs the 'triton' package")
+        raise RuntimeError("the GroupNorm kernels need the 'triton' package")
     global tl
     tl = triton_conv.tl
-    return triton_conv.triton.jit(_partials_kernel)
+    return {"partials": triton_conv.triton.jit(_partials_kernel), "apply": triton_conv.triton.jit(_apply_kernel)}
+
+
+def _kernel():
+    return _kernels()["partials"]
 
 
 tl = None  # triton.language, bound by `_kernel` (Triton is imported on first use, see triton_conv.py)
@@ -128,6 +151,23 @@ def _(x):
     return x.new_empty((n, _layout(n, c, h * w)[2], 3, c), dtype=torch.float32)
 
 
+@torch.library.custom_op("newsstudio::norm_apply_nhwc", mutates_args=(), tags=(EXACT_STRIDES,))
+def _norm_apply(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, silu: bool) -> torch.Tensor:
+    """``x * scale + shift`` (then SiLU) for channels-last ``x`` and [N, C] float32 ``scale``, ``shift``."""
+    n, c, h, w = x.shape
+    x = x.contiguous(memory_format=torch.channels_last)
+    y = torch.empty_like(x, memory_format=torch.channels_last)
+    block_p = max(1, ELEMENTS_PER_CHUNK // _block_c(c))
+    _kernels()["apply"][(n, -(-h * w // block_p))](x, scale.contiguous(), shift.contiguous(), y, h * w, C=c,
+                                                    BLOCK_C=_block_c(c), BLOCK_P=block_p, SILU=silu)
+    return y
+
+
+@_norm_apply.register_fake
+def _(x, scale, shift, silu):
+    return torch.empty_like(x, memory_format=torch.channels_last)
+
+
 def _mean_rstd(partials: torch.Tensor, groups: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Chan's combination of every split and channel of a group: [N, G] mean and 1 / sqrt(var + eps),
     float32."""
@@ -140,11 +180,14 @@ def _mean_rstd(partials: torch.Tensor, groups: int, eps: float) -> tuple[torch.T
 
 
 def group_norm_nhwc(x: torch.Tensor, groups: int, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-                    eps: float = 1e-5) -> torch.Tensor:
-    """``F.group_norm(x, groups, weight, bias, eps)`` for a channels-last ``x``, statistics by the
-    Triton kernel where `kernel_fits`; the result has ``x``'s dtype and layout."""
+                    eps: float = 1e-5, *, silu: bool = False, apply_kernel: bool = False) -> torch.Tensor:
+    """``F.group_norm(x, groups, weight, bias, eps)`` (then ``F.silu`` with ``silu``) for a
+    channels-last ``x``, statistics by the Triton kernel where `kernel_fits`; the result has ``x``'s
+    dtype and layout. ``apply_kernel``: the normalisation (and SiLU) by a Triton kernel too instead of
+    tensor ops that torch.compile fuses with their neighbours (benchmarks/group_norm_bench.py times both)."""
     if not kernel_fits(x, groups):
-        return F.group_norm(x, groups, weight, bias, eps)
+        y = F.group_norm(x, groups, weight, bias, eps)
+        return F.silu(y) if silu else y
     n, c = x.shape[:2]
     mu, rstd = _mean_rstd(_group_norm_partials(x), groups, eps)
     scale = rstd.repeat_interleave(c // groups, dim=1)  # [N, C]
@@ -153,7 +196,10 @@ def group_norm_nhwc(x: torch.Tensor, groups: int, weight: torch.Tensor | None = 
     shift = -mu.repeat_interleave(c // groups, dim=1) * scale
     if bias is not None:
         shift = shift + bias.float()
-    return (x.float() * scale[:, :, None, None] + shift[:, :, None, None]).to(x.dtype)
+    if apply_kernel and not (torch.is_grad_enabled() and (scale.requires_grad or shift.requires_grad or x.requires_grad)):
+        return _norm_apply(x, scale, shift, silu)  # (no backward formula: the tensor ops below have one)
+    y = (x.float() * scale[:, :, None, None] + shift[:, :, None, None]).to(x.dtype)
+    return F.silu(y) if silu else y
 
 
 class NHWCGroupNorm(nn.Module):
