@@ -1,5 +1,5 @@
-# The norm alone per shape (MuseTalk decoder + UNet, Ditto), Inductor's kernels vs the NHWC statistics
-# kernel; then the decoder's levers that matter, compiled + graphed, batch 32: cuDNN (the engine's),
+# The norm alone per shape (MuseTalk decoder + UNet, Ditto), Inductor's kernels vs the NHWC statistics kernel (and vs it with the NHWC apply + SiLU kernel);
+# then the decoder's levers that matter, compiled + graphed, batch 32: cuDNN (the engine's),
 # cuDNN with the channel-minor phase interleave, with the NHWC norms (and both), the Triton convs half / mixed.
 # (Written in the twenty-first session, extended in the twenty-second; not yet run.) ~450 s.
 . .carry/setup.sh; set -o pipefail; export PATH=/tmp/site/bin:$PATH
