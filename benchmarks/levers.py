@@ -57,7 +57,7 @@ except ImportError:  # pragma: no cover
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from newsstudio.accel import StaticBatchRunner, cast_, channels_last, convert_linears_to_fp8_, fp8_supported, tf32
-from newsstudio.accel.group_norm_nhwc import with_nhwc_group_norms
+from newsstudio.accel.group_norm_nhwc import fuse_following_silu_, with_nhwc_group_norms
 from newsstudio.accel.igemm_conv import CALIBRATED_MODES, calibrate_fp8_, convert_convs_for_mode_, triton_conv_supported
 from newsstudio.accel.precision import parse_dtype, to_channels_last_
 from newsstudio.accel.upsample_conv import PhaseUpsampleConv
@@ -274,12 +274,13 @@ class Lever:
     fold: bool = True  # apply the network's `specialise` (Ditto: folded spectral norm)
     rewrite: bool = False  # apply the network's `rewrite`
     nhwc_norms: bool = False  # GroupNorm / InstanceNorm statistics by accel/group_norm_nhwc.py's kernel
+    norm_silu: bool = False  # ... and the norms a SiLU follows apply it in its apply kernel (fuse_following_silu_)
     interleave: str = "auto"  # PhaseUpsampleConv's phase interleave (accel/upsample_conv.py INTERLEAVES)
     triton: str = "off"  # the network's convs on the Triton kernel: "half" | "fp8" | "fp8-static" | "mixed" (accel/igemm_conv.py)
     reference: bool = False
 
     def key(self) -> tuple:
-        return (self.dtype, self.channels_last, self.fp8, self.fold and self.dtype != "fp32", self.rewrite, self.interleave, self.nhwc_norms, self.triton)
+        return (self.dtype, self.channels_last, self.fp8, self.fold and self.dtype != "fp32", self.rewrite, self.interleave, self.nhwc_norms, self.norm_silu, self.triton)
 
 
 def levers_for(net: Net, half: str) -> list[Lever]:
@@ -317,7 +318,8 @@ def levers_for(net: Net, half: str) -> list[Lever]:
         if net.name == "vae":  # cuDNN's convs with the phase interleave the Triton convs use (channel-minor)
             out += [Lever(f"{h} channels_last compile+cudagraph, conv rewrites, channels-last interleave{norms}", "half",
                           mode="compile+cudagraph", channels_last=True, rewrite=True, interleave="channels_last",
-                          nhwc_norms=bool(norms)) for norms in ("", ", nhwc group norms")]
+                          nhwc_norms=bool(norms), norm_silu="silu" in norms)
+                    for norms in ("", ", nhwc group norms", ", nhwc group norms + silu")]
         if net.name == "vae":  # the Triton convolution kernel, in the engine's configuration otherwise
             out += [Lever(f"{h} channels_last {mode}, conv rewrites, triton {t} convs", "half", mode=mode,
                           channels_last=True, rewrite=True, triton=t)
@@ -518,6 +520,8 @@ def run_network(net: Net, args, device: torch.device, half: str, peak: dict[str,
                         mod.interleave = lv.interleave
             if lv.nhwc_norms:
                 m = with_nhwc_group_norms(m)[0]
+                if lv.norm_silu and not fuse_following_silu_(m):
+                    raise RuntimeError("no norm takes a SiLU that follows it")
             dt = torch.float32 if lv.dtype == "fp32" else (half_dtype if lv.dtype == "half" else torch.bfloat16)
             if dt != torch.float32:
                 cast_(m, dt)

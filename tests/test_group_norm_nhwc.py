@@ -115,6 +115,27 @@ def test_vae_decoder_copy_matches_and_leaves_the_original_alone():
     assert ((got - ref).norm() / ref.norm()).item() < 1e-5
 
 
+def test_the_vae_decoder_s_norms_take_the_silu_that_follows_them():
+    """`fuse_following_silu_`: each resnet's two norms and the output norm apply their SiLU in the
+    apply kernel (the module's SiLU becomes an identity); the decoder's output stays the same."""
+    from newsstudio.accel.group_norm_nhwc import fuse_following_silu_
+    from newsstudio.engines.musetalk.engine import TINY_VAE_CONFIG
+    from newsstudio.engines.musetalk.weights import random_vae
+
+    vae = random_vae(5, DEVICE, config=TINY_VAE_CONFIG)
+    dec = vae.decoder.to(memory_format=torch.channels_last)
+    fast = with_nhwc_group_norms(dec)[0]
+    resnets = [m for m in fast.modules() if type(m).__name__ == "ResnetBlock2D"]
+    assert fuse_following_silu_(fast) == 2 * len(resnets) + 1
+    assert all(isinstance(r.nonlinearity, nn.Identity) for r in resnets) and isinstance(fast.conv_act, nn.Identity)
+    assert isinstance(dec.conv_act, nn.SiLU)  # the original keeps its SiLU
+    z = _cl(torch.randn(1, 4, 4, 4, generator=torch.Generator().manual_seed(6)))
+    with torch.inference_mode():
+        ref = dec(vae.post_quant_conv(z))
+        got = fast(vae.post_quant_conv(z))
+    assert ((got - ref).norm() / ref.norm()).item() < 1e-5
+
+
 def test_compiled_graph_keeps_the_op():
     """The op's fake gives torch.compile its output; the combine and the affine step trace around it."""
     norm = NHWCGroupNorm.replacing(nn.GroupNorm(8, 32)).to(DEVICE)

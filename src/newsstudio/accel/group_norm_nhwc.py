@@ -31,7 +31,7 @@ from . import triton_conv
 from .shared_copy import shared_copy
 from .triton_conv import EXACT_STRIDES, interpreting, triton_available
 
-__all__ = ["NHWCGroupNorm", "group_norm_nhwc", "kernel_fits", "with_nhwc_group_norms"]
+__all__ = ["NHWCGroupNorm", "fuse_following_silu_", "group_norm_nhwc", "kernel_fits", "with_nhwc_group_norms"]
 
 ELEMENTS_PER_CHUNK = 8192  # pixels x channels one program holds in registers at once (fp32)
 TARGET_PROGRAMS = 2048  # images x splits: several waves over an H200's 132 SMs
@@ -213,6 +213,8 @@ class NHWCGroupNorm(nn.Module):
         self.num_groups, self.num_channels, self.eps = num_groups, num_channels, eps
         self.weight, self.bias = weight, bias
         self.instance = instance  # an InstanceNorm2d's replacement also takes one unbatched [C, H, W] image
+        # the SiLU that follows this norm, taken in by `fuse_following_silu_` (then run by the apply kernel)
+        self.silu = False
 
     @classmethod
     def replacing(cls, norm: nn.Module) -> "NHWCGroupNorm | None":
@@ -233,10 +235,10 @@ class NHWCGroupNorm(nn.Module):
             return self(x[None])[0]
         if x.dim() < 2 or x.shape[1] != self.num_channels:  # other ranks (attention's [N, C, L]): F.group_norm
             raise ValueError(f"expected [N, {self.num_channels}, ...], got {tuple(x.shape)}")
-        return group_norm_nhwc(x, self.num_groups, self.weight, self.bias, self.eps)
+        return group_norm_nhwc(x, self.num_groups, self.weight, self.bias, self.eps, silu=self.silu, apply_kernel=self.silu)
 
     def extra_repr(self) -> str:
-        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}"
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}" + (", then SiLU" if self.silu else "")
 
 
 def with_nhwc_group_norms(module: nn.Module) -> tuple[nn.Module, int]:
@@ -252,3 +254,29 @@ def with_nhwc_group_norms(module: nn.Module) -> tuple[nn.Module, int]:
             setattr(out.get_submodule(parent_name) if parent_name else out, attr, replacement)
             count += 1
     return out, count
+
+
+def fuse_following_silu_(module: nn.Module) -> int:
+    """Let the `NHWCGroupNorm` layers of ``module`` (after `with_nhwc_group_norms`) that a SiLU
+    always follows apply it themselves, in the apply kernel, and drop that SiLU: diffusers'
+    ``ResnetBlock2D`` without a time embedding (its ``nonlinearity`` follows norm1 and norm2 and
+    nothing else) and the VAE ``Decoder``'s ``conv_norm_out`` + ``conv_act``. In place; returns how
+    many norms took their SiLU."""
+    from diffusers.models.autoencoders.vae import Decoder
+    from diffusers.models.resnet import ResnetBlock2D
+
+    count = 0
+    for m in module.modules():
+        pairs: list[tuple[str, ...]] = []
+        if (isinstance(m, ResnetBlock2D) and m.time_emb_proj is None and type(m.nonlinearity) is nn.SiLU
+                and m.upsample is None and m.downsample is None):
+            pairs = [("norm1", "norm2", "nonlinearity")]
+        elif isinstance(m, Decoder) and type(m.conv_act) is nn.SiLU:
+            pairs = [("conv_norm_out", "conv_act")]
+        for *norms, act in pairs:
+            if all(isinstance(getattr(m, n), NHWCGroupNorm) for n in norms):
+                for n in norms:
+                    getattr(m, n).silu = True
+                    count += 1
+                setattr(m, act, nn.Identity())
+    return count
