@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import triton_conv
-from .shared_copy import shared_copy
+from .shared_copy import shared_copy_replacing
 from .triton_conv import EXACT_STRIDES, interpreting, triton_available
 
 __all__ = ["NHWCGroupNorm", "fuse_following_silu_", "group_norm_nhwc", "kernel_fits", "with_nhwc_group_norms"]
@@ -56,9 +56,14 @@ def kernel_fits(x: torch.Tensor, groups: int) -> bool:
     return x.is_contiguous(memory_format=torch.channels_last) and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
 
 
+def _chunk_pixels(c: int) -> int:
+    """Pixels one program holds at once (both kernels' BLOCK_P)."""
+    return max(1, ELEMENTS_PER_CHUNK // _block_c(c))
+
+
 def _layout(n: int, c: int, hw: int) -> tuple[int, int, int]:
     """(pixels per chunk, pixels per split, splits) for ``n`` images of ``hw`` pixels of ``c`` channels."""
-    block_p = max(1, ELEMENTS_PER_CHUNK // _block_c(c))
+    block_p = _chunk_pixels(c)
     chunks = -(-hw // block_p)
     splits = max(1, min(chunks, -(-TARGET_PROGRAMS // max(n, 1)), hw // MIN_SPLIT_PIXELS))
     per_split = -(-chunks // splits) * block_p
@@ -127,11 +132,7 @@ def _kernels() -> dict:
     return {"partials": triton_conv.triton.jit(_partials_kernel), "apply": triton_conv.triton.jit(_apply_kernel)}
 
 
-def _kernel():
-    return _kernels()["partials"]
-
-
-tl = None  # triton.language, bound by `_kernel` (Triton is imported on first use, see triton_conv.py)
+tl = None  # triton.language, bound by `_kernels` (Triton is imported on first use, see triton_conv.py)
 
 
 @torch.library.custom_op("newsstudio::group_norm_partials", mutates_args=(), tags=(EXACT_STRIDES,))
@@ -141,7 +142,7 @@ def _group_norm_partials(x: torch.Tensor) -> torch.Tensor:
     block_p, per_split, splits = _layout(n, c, h * w)
     out = torch.empty((n, splits, 3, c), dtype=torch.float32, device=x.device)
     x = x.contiguous(memory_format=torch.channels_last)
-    _kernel()[(n, splits)](x, out, h * w, per_split // block_p, splits, C=c, BLOCK_C=_block_c(c), BLOCK_P=block_p)
+    _kernels()["partials"][(n, splits)](x, out, h * w, per_split // block_p, splits, C=c, BLOCK_C=_block_c(c), BLOCK_P=block_p)
     return out
 
 
@@ -157,7 +158,7 @@ def _norm_apply(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, silu:
     n, c, h, w = x.shape
     x = x.contiguous(memory_format=torch.channels_last)
     y = torch.empty_like(x, memory_format=torch.channels_last)
-    block_p = max(1, ELEMENTS_PER_CHUNK // _block_c(c))
+    block_p = _chunk_pixels(c)
     _kernels()["apply"][(n, -(-h * w // block_p))](x, scale.contiguous(), shift.contiguous(), y, h * w, C=c,
                                                     BLOCK_C=_block_c(c), BLOCK_P=block_p, SILU=silu)
     return y
@@ -245,15 +246,7 @@ def with_nhwc_group_norms(module: nn.Module) -> tuple[nn.Module, int]:
     """A copy of ``module`` (every parameter shared, see shared_copy.py) whose GroupNorm and
     InstanceNorm2d layers run as `NHWCGroupNorm` where `NHWCGroupNorm.replacing` takes them, and
     how many."""
-    out = shared_copy(module)
-    count = 0
-    for name, child in list(out.named_modules()):
-        replacement = NHWCGroupNorm.replacing(child)
-        if replacement is not None:
-            parent_name, _, attr = name.rpartition(".")
-            setattr(out.get_submodule(parent_name) if parent_name else out, attr, replacement)
-            count += 1
-    return out, count
+    return shared_copy_replacing(module, NHWCGroupNorm.replacing)
 
 
 def fuse_following_silu_(module: nn.Module) -> int:
@@ -267,16 +260,16 @@ def fuse_following_silu_(module: nn.Module) -> int:
 
     count = 0
     for m in module.modules():
-        pairs: list[tuple[str, ...]] = []
         if (isinstance(m, ResnetBlock2D) and m.time_emb_proj is None and type(m.nonlinearity) is nn.SiLU
                 and m.upsample is None and m.downsample is None):
-            pairs = [("norm1", "norm2", "nonlinearity")]
+            norms, act = ("norm1", "norm2"), "nonlinearity"
         elif isinstance(m, Decoder) and type(m.conv_act) is nn.SiLU:
-            pairs = [("conv_norm_out", "conv_act")]
-        for *norms, act in pairs:
-            if all(isinstance(getattr(m, n), NHWCGroupNorm) for n in norms):
-                for n in norms:
-                    getattr(m, n).silu = True
-                    count += 1
-                setattr(m, act, nn.Identity())
+            norms, act = ("conv_norm_out",), "conv_act"
+        else:
+            continue
+        if all(isinstance(getattr(m, n), NHWCGroupNorm) for n in norms):
+            for n in norms:
+                getattr(m, n).silu = True
+            setattr(m, act, nn.Identity())
+            count += len(norms)
     return count

@@ -257,9 +257,7 @@ def convert_convs_to_triton_(module: nn.Module, mode: str = "half", *, kernel: s
             continue
         if not eligible_conv(child) or not (force or triton_conv_supported(child.weight.device)):
             continue
-        parent_name, _, attr = name.rpartition(".")
-        parent = module.get_submodule(parent_name) if parent_name else module
-        setattr(parent, attr, TritonConv2d.from_conv(child, mode, kernel))
+        module.set_submodule(name, TritonConv2d.from_conv(child, mode, kernel))
         count += 1
     return count
 

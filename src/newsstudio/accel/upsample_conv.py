@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .shared_copy import shared_copy
+from .shared_copy import shared_copy_replacing
 
 __all__ = ["INTERLEAVES", "PhaseUpsampleConv", "with_phase_upsampling"]
 
@@ -137,12 +137,4 @@ def with_phase_upsampling(module: nn.Module) -> tuple[nn.Module, int]:
     :class:`PhaseUpsampleConv`, and how many were replaced. The copy *shares* every other
     parameter and buffer with ``module`` (no second copy of the weights), so ``module`` itself is
     untouched (the reference pipeline of the benchmarks keeps using it)."""
-    out = shared_copy(module)
-    count = 0
-    for name, child in list(out.named_modules()):
-        if _convertible(child):
-            parent_name, _, attr = name.rpartition(".")
-            parent = out.get_submodule(parent_name) if parent_name else out
-            setattr(parent, attr, _PhaseUpsample2D(child.conv))
-            count += 1
-    return out, count
+    return shared_copy_replacing(module, lambda child: _PhaseUpsample2D(child.conv) if _convertible(child) else None)
