@@ -320,7 +320,7 @@ def levers_for(net: Net, half: str) -> list[Lever]:
                           mode="compile+cudagraph", channels_last=True, rewrite=True, interleave="channels_last",
                           nhwc_norms=bool(norms), norm_silu="silu" in norms)
                     for norms in ("", ", nhwc group norms", ", nhwc group norms + silu")]
-        if net.name == "vae":  # the Triton convolution kernel, in the engine's configuration otherwise
+            # the Triton convolution kernel, in the engine's configuration otherwise
             out += [Lever(f"{h} channels_last {mode}, conv rewrites, triton {t} convs", "half", mode=mode,
                           channels_last=True, rewrite=True, triton=t)
                     for t in ("half", "fp8", "fp8-static", "mixed") for mode in ("cudagraph", "compile+cudagraph")]
