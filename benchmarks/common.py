@@ -155,8 +155,8 @@ def variant_list(spec: str | None) -> list[str] | None:
 
 
 TRITON_FLAGS = {"triton": "half", "triton8": "fp8", "triton8s": "fp8-static", "triton8m": "mixed"}  # variant flag -> triton_convs
-VARIANT_FLAGS = ("nchw", "cl", "nobench", "norw", "gn", "tf32", "notf32", *TRITON_FLAGS)
-VARIANT_SYNTAX = "ACCEL[:nchw|:cl][:nobench][:norw][:gn][:tf32|:notf32][:triton|:triton8|:triton8s|:triton8m]"
+VARIANT_FLAGS = ("nchw", "cl", "nobench", "norw", "gn", "nogn", "tf32", "notf32", *TRITON_FLAGS)
+VARIANT_SYNTAX = "ACCEL[:nchw|:cl][:nobench][:norw][:gn|:nogn][:tf32|:notf32][:triton|:triton8|:triton8s|:triton8m]"
 
 
 def kernel_choices() -> dict[str, Any]:
@@ -177,7 +177,8 @@ def parse_variant(spec: str) -> dict[str, Any]:
     """`VARIANT_SYNTAX` -> engine keywords: the accel
     mode, channels_last (':nchw' off, ':cl' on, else the engine's default), cudnn_benchmark
     (':nobench' off, else the default: on with CUDA), the engine's exact conv_rewrites (':norw' off),
-    its norms' statistics by the NHWC kernel (':gn', nhwc_norms; accel/group_norm_nhwc.py),
+    its norms by the NHWC kernels (':gn' on, ':nogn' off, else the engine's default; nhwc_norms,
+    accel/group_norm_nhwc.py),
     for Ditto its front end graphed with TF32 matmuls (':tf32') or in float32 (':notf32'; else the
     engine's default, TF32), and the render convolutions on the Triton kernel in half precision
     (':triton') or FP8 with input scales per call (':triton8'), fixed at build (':triton8s') or on
@@ -195,8 +196,8 @@ def parse_variant(spec: str) -> dict[str, Any]:
         kw["cudnn_benchmark"] = False
     if "norw" in flags:
         kw["conv_rewrites"] = False
-    if "gn" in flags:
-        kw["nhwc_norms"] = True
+    if "gn" in flags or "nogn" in flags:
+        kw["nhwc_norms"] = "gn" in flags
     if "tf32" in flags or "notf32" in flags:
         kw["front_end_tf32"] = "tf32" in flags
     triton = [TRITON_FLAGS[f] for f in flags if f in TRITON_FLAGS]

@@ -275,7 +275,7 @@ class Lever:
     rewrite: bool = False  # apply the network's `rewrite`
     nhwc_norms: bool = False  # GroupNorm / InstanceNorm statistics by accel/group_norm_nhwc.py's kernel
     norm_silu: bool = False  # ... and the norms a SiLU follows apply it in its apply kernel (fuse_following_silu_)
-    interleave: str = "auto"  # PhaseUpsampleConv's phase interleave (accel/upsample_conv.py INTERLEAVES)
+    interleave: str = "channels_last"  # PhaseUpsampleConv's phase interleave (accel/upsample_conv.py INTERLEAVES)
     triton: str = "off"  # the network's convs on the Triton kernel: "half" | "fp8" | "fp8-static" | "mixed" (accel/igemm_conv.py)
     reference: bool = False
 
@@ -315,11 +315,11 @@ def levers_for(net: Net, half: str) -> list[Lever]:
         # the norms' statistics by the NHWC kernel (the MuseTalk decoder's GroupNorms, Ditto's InstanceNorms)
         out.append(Lever(f"{h} channels_last compile+cudagraph, conv rewrites, nhwc group norms", "half",
                          mode="compile+cudagraph", channels_last=True, rewrite=True, nhwc_norms=True))
-        if net.name == "vae":  # cuDNN's convs with the phase interleave the Triton convs use (channel-minor)
-            out += [Lever(f"{h} channels_last compile+cudagraph, conv rewrites, channels-last interleave{norms}", "half",
-                          mode="compile+cudagraph", channels_last=True, rewrite=True, interleave="channels_last",
-                          nhwc_norms=bool(norms), norm_silu="silu" in norms)
-                    for norms in ("", ", nhwc group norms", ", nhwc group norms + silu")]
+        if net.name == "vae":  # the phases interleaved in NCHW order (before 2026-12-05); the norms taking their SiLU (the engine's)
+            out += [Lever(f"{h} channels_last compile+cudagraph, conv rewrites, nchw interleave", "half",
+                          mode="compile+cudagraph", channels_last=True, rewrite=True, interleave="nchw"),
+                    Lever(f"{h} channels_last compile+cudagraph, conv rewrites, nhwc group norms + silu", "half",
+                          mode="compile+cudagraph", channels_last=True, rewrite=True, nhwc_norms=True, norm_silu=True)]
             # the Triton convolution kernel, in the engine's configuration otherwise
             out += [Lever(f"{h} channels_last {mode}, conv rewrites, triton {t} convs", "half", mode=mode,
                           channels_last=True, rewrite=True, triton=t)

@@ -31,6 +31,7 @@ def test_phase_conv_equals_upsample_then_conv(bias, layout, scale):
     got = PhaseUpsampleConv(conv, scale)(x)
     assert got.shape == ref.shape == (3, 5, 7 * scale, 10 * scale)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    assert got.is_contiguous(memory_format=layout)  # channel-minor interleave: the next layer reads no gather
     # another implementation in the conv slot (the Triton conv): the same result, in the input's
     # layout, so a channels-last network's next layer reads it without a gather
     slotted = PhaseUpsampleConv(conv, scale)
@@ -38,8 +39,7 @@ def test_phase_conv_equals_upsample_then_conv(bias, layout, scale):
     got = slotted(x)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
     assert got.is_contiguous(memory_format=layout)
-    # the channel-minor interleave asked for with cuDNN's conv (what benchmarks/levers.py times):
-    # the same result, in the input's layout; "nchw" always interleaves in NCHW order
+    # either interleave asked for: the same result; "nchw" always in NCHW order (benchmarks/levers.py times it)
     for interleave, out_layout in (("channels_last", layout), ("nchw", torch.contiguous_format)):
         plain = PhaseUpsampleConv(conv, scale)
         plain.interleave = interleave

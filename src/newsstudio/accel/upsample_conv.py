@@ -27,10 +27,10 @@ from .shared_copy import shared_copy_replacing
 
 __all__ = ["INTERLEAVES", "PhaseUpsampleConv", "with_phase_upsampling"]
 
-# How the phases are interleaved (see PhaseUpsampleConv.forward): "auto" channel-minor into a
-# channels-last result when an implementation is in the slot and the input is channels-last, else
-# NCHW order; "channels_last" channel-minor whenever the input is channels-last; "nchw" always.
-INTERLEAVES = ("auto", "channels_last", "nchw")
+# How the phases are interleaved (see PhaseUpsampleConv.forward): "channels_last" channel-minor into
+# a channels-last result whenever the input is channels-last (else NCHW order); "nchw" always in NCHW
+# order (benchmarks/levers.py times it).
+INTERLEAVES = ("channels_last", "nchw")
 
 
 def _tap_sums(scale: int) -> tuple[torch.Tensor, list[int]]:
@@ -76,19 +76,18 @@ class PhaseUpsampleConv(nn.Module):
         # Another implementation of the same 2x2 convolution (padding 1), e.g. accel/igemm_conv.py's
         # Triton kernel; None: F.conv2d with the weight above.
         self.conv: nn.Module | None = None
-        self.interleave = "auto"  # one of INTERLEAVES; a benchmark sets it to time the others
+        self.interleave = "channels_last"  # one of INTERLEAVES; a benchmark sets it to time the other
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, _, h, w = x.shape
         s, o, off = self.scale, self.out_channels, self.offsets
         y = self.conv(x) if self.conv is not None else F.conv2d(x, self.weight, self.bias, padding=1)  # [B, s*s*O, H+1, W+1]
         if self._channel_minor(x):
-            # Another implementation in the slot (the Triton conv, an opaque op with a channels-last
-            # output): interleave channel-minor into a channels-last result, each phase's O channels
-            # contiguous. The NCHW interleave below was, under torch.compile, fused into the next
-            # GroupNorm's reduction as a gather of one 2-byte value per pixel: 20 ms per batch of 32
-            # on an H200. (cuDNN's path keeps the NCHW interleave it was measured with, 691 fps, under
-            # "auto"; benchmarks/levers.py times "channels_last" for it.)
+            # Interleave channel-minor into a channels-last result, each phase's O channels contiguous.
+            # The NCHW interleave below was, under torch.compile, fused into the next GroupNorm's
+            # reduction as a gather of one 2-byte value per pixel: 20 ms per batch of 32 behind the
+            # Triton conv on an H200, and 45.46 vs 42.46 ms per batch of 32 of the compiled cuDNN
+            # decoder (H200, 2026-12-05, benchmarks/RESULTS.md).
             yl = y.permute(0, 2, 3, 1)  # [B, H+1, W+1, s*s*O]
             rows = [torch.stack([yl[:, off[a]:off[a] + h, off[c]:off[c] + w, (s * a + c) * o:(s * a + c + 1) * o]
                                  for c in range(s)], dim=3) for a in range(s)]  # each [B, H, W, s, O]
@@ -101,9 +100,7 @@ class PhaseUpsampleConv(nn.Module):
         if self.interleave not in INTERLEAVES:
             raise ValueError(f"interleave must be one of {INTERLEAVES}, got {self.interleave!r}")
         channels_last = not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
-        if self.interleave == "nchw" or not channels_last:
-            return False
-        return self.interleave == "channels_last" or self.conv is not None
+        return channels_last and self.interleave == "channels_last"
 
 
 def is_plain_3x3(conv: nn.Module) -> bool:
