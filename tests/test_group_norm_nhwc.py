@@ -151,6 +151,28 @@ def test_compiled_graph_keeps_the_op():
     torch.testing.assert_close(fused(x), got, rtol=1e-5, atol=1e-5)
 
 
+def test_one_compilation_serves_every_batch_size(monkeypatch):
+    """The engines' runners share one compiled graph across batch sizes (batch dimension dynamic):
+    the op's output shape follows the batch symbolically, and a process whose first trace is also
+    its first use of Triton does not compile twice."""
+    from newsstudio.accel import triton_conv
+
+    monkeypatch.setattr(triton_conv, "triton", None)  # as in a fresh process
+    monkeypatch.setattr(triton_conv, "tl", None)
+    norm = NHWCGroupNorm.replacing(nn.GroupNorm(8, 32)).to(DEVICE)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda t: F.silu(norm(t)), backend="aot_eager")
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    with torch.no_grad(), torch._dynamo.config.patch(error_on_recompile=True):
+        for n in (2, 3, 5):
+            x = _cl(torch.randn(n, 32, 6, 6))
+            torch._dynamo.maybe_mark_dynamic(x, 0)
+            torch.testing.assert_close(fn(x), F.silu(F.group_norm(x, 8, norm.weight, norm.bias)), rtol=1e-5, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == 1
+
+
 @pytest.mark.skipif(shutil.which("g++") is None and not torch.cuda.is_available(), reason="Inductor on a CPU needs a C++ compiler")
 def test_inductor_compiles_a_resnet_step_around_the_op():
     conv = nn.Conv2d(32, 32, 3, padding=1).to(DEVICE).to(memory_format=torch.channels_last)

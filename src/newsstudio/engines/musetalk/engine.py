@@ -248,9 +248,10 @@ class MuseTalkEngine(Engine):
     nearest-2x + 3x3-conv pairs computed as 2x2 phase convolutions (accel/upsample_conv.py: 97 of
     its 622 GFLOP per frame saved, equal up to rounding; the shared VAE itself stays as loaded);
     ``nhwc_norms``: the VAE decoder's GroupNorms by accel/group_norm_nhwc.py's kernels, the SiLU
-    that follows most of them in their apply kernel (equal up to rounding; default: on with CUDA and
-    channels-last, where the compiled decoder took 40.28 instead of 42.46 ms per batch of 32 on an
-    H200; the UNet keeps PyTorch's, whose small maps the kernel did slower);
+    that follows most of them in their apply kernel (equal up to rounding; the compiled decoder alone
+    took 40.28 instead of 42.46 ms per batch of 32 on an H200, but the one engine run with it did not
+    finish its warm-up in ~6 min where it took ~2 before, unexplained: off until the engine is timed;
+    the UNet keeps PyTorch's norms, whose small maps the kernel did slower);
     ``triton_convs``: the VAE decoder's convolutions by the Triton implicit-GEMM kernel
     (accel/igemm_conv.py) in the engine's half precision (``"half"``), in FP8 (Hopper+) with each
     input's scale from its amax on every call (``"fp8"``) or fixed once when the engine is built
@@ -287,7 +288,7 @@ class MuseTalkEngine(Engine):
         cudnn_benchmark: bool | None = None,
         prebake_batch: int | None = None,
         conv_rewrites: bool = True,
-        nhwc_norms: bool | None = None,
+        nhwc_norms: bool = False,
         triton_convs: str = "off",
         unet_config: dict[str, Any] | None = None,
         vae_config: dict[str, Any] | None = None,
@@ -324,7 +325,7 @@ class MuseTalkEngine(Engine):
         self.vae_id = vae_fingerprint(self.models.vae)
         self._scale = 1.0 / scaling_factor_of(self.models.vae)
         self._t0 = torch.zeros(1, dtype=torch.long, device=device)
-        self.nhwc_norms = (device.type == "cuda" and self.channels_last) if nhwc_norms is None else bool(nhwc_norms)
+        self.nhwc_norms = bool(nhwc_norms)
         self.conv_rewrites = bool(conv_rewrites)
         vae = self.models.vae
         self._post_quant_conv = vae.post_quant_conv if vae.post_quant_conv is not None else torch.nn.Identity()
