@@ -6,6 +6,7 @@
 L=${L:-580}
 for v in compile+cudagraph compile+cudagraph:nogn; do
   left=$((L - SECONDS)); [ $left -gt 120 ] || break
+  # (as run: the log name below kept a "+", which the device tool did not return)
   timeout $left python -m benchmarks.musetalk_bench --size 1080x1920 --repeat 2 --skip-reference \
     --variants $v --json $OUT/musetalk_${v#*:}.json 2>&1 | grep -v Warn | tee $OUT/musetalk_${v#*:}.log | grep "\[musetalk\] ours\|^|" | tail -16
 done
