@@ -250,7 +250,8 @@ class MuseTalkEngine(Engine):
     ``nhwc_norms``: the VAE decoder's GroupNorms by accel/group_norm_nhwc.py's kernels, the SiLU
     that follows most of them in their apply kernel (equal up to rounding; the compiled decoder alone
     took 40.28 instead of 42.46 ms per batch of 32 on an H200, but the one engine run with it did not
-    finish its warm-up in ~6 min where it took ~2 before, unexplained: off until the engine is timed;
+    finish its warm-up in the ~6 min it had, where it took ~2 before: one cause, a second compile,
+    found and fixed since; off until the engine is timed;
     the UNet keeps PyTorch's norms, whose small maps the kernel did slower);
     ``triton_convs``: the VAE decoder's convolutions by the Triton implicit-GEMM kernel
     (accel/igemm_conv.py) in the engine's half precision (``"half"``), in FP8 (Hopper+) with each
