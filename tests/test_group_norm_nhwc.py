@@ -155,6 +155,8 @@ def test_one_compilation_serves_every_batch_size(monkeypatch):
     """The engines' runners share one compiled graph across batch sizes (batch dimension dynamic):
     the op's output shape follows the batch symbolically, and a process whose first trace is also
     its first use of Triton does not compile twice."""
+    from torch._dynamo.utils import counters
+
     from newsstudio.accel import triton_conv
 
     monkeypatch.setattr(triton_conv, "triton", None)  # as in a fresh process
@@ -162,8 +164,6 @@ def test_one_compilation_serves_every_batch_size(monkeypatch):
     norm = NHWCGroupNorm.replacing(nn.GroupNorm(8, 32)).to(DEVICE)
     torch._dynamo.reset()
     fn = torch.compile(lambda t: F.silu(norm(t)), backend="aot_eager")
-    from torch._dynamo.utils import counters
-
     counters.clear()
     with torch.no_grad(), torch._dynamo.config.patch(error_on_recompile=True):
         for n in (2, 3, 5):

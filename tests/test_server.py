@@ -1530,7 +1530,8 @@ def test_webrtc_h264_when_the_client_prefers_it(server):
 
     frames = asyncio.run(run())
     assert all((f.width, f.height) == (256, 256) for f in frames)
-    steps = [b - a for a, b in zip([f.pts for f in frames], [f.pts for f in frames][1:])]
+    pts = [f.pts for f in frames]
+    steps = [b - a for a, b in zip(pts, pts[1:])]
     # frames on the 25 fps media clock (90 kHz), in order; a frame that fell late is skipped, not sent late
     # (webrtc.py), which a loaded 2-core CI machine can cause now and then
     assert all(d > 0 and d % 3600 == 0 for d in steps) and steps.count(3600) >= len(steps) - 2, steps

@@ -211,9 +211,6 @@ class NHWCGroupNorm(nn.Module):
     def __init__(self, num_groups: int, num_channels: int, eps: float, weight: nn.Parameter | None = None,
                  bias: nn.Parameter | None = None, instance: bool = False) -> None:
         super().__init__()
-        # Import Triton now, not while torch.compile first traces `kernel_fits`: that trace would be
-        # guarded on "Triton not imported yet" and thrown away on the next call (a second full compile).
-        triton_available()
         self.num_groups, self.num_channels, self.eps = num_groups, num_channels, eps
         self.weight, self.bias = weight, bias
         self.instance = instance  # an InstanceNorm2d's replacement also takes one unbatched [C, H, W] image

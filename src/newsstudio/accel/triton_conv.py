@@ -46,6 +46,9 @@ K_ALIGN = 8  # input channels must be a multiple of this (16-byte rows for vecto
 KERNELS = ("pointer", "tma")
 
 
+# A constant to torch.compile: traced inline, the lazy import below made a graph guarded on "Triton
+# not imported yet", which the next call threw away and compiled again (a whole engine compile).
+@torch.compiler.assume_constant_result
 def triton_available() -> bool:
     """Triton can be imported (and now is: the kernels below look ``triton``/``tl`` up here)."""
     global triton, tl
