@@ -275,12 +275,13 @@ class Lever:
     rewrite: bool = False  # apply the network's `rewrite`
     nhwc_norms: bool = False  # GroupNorm / InstanceNorm statistics by accel/group_norm_nhwc.py's kernel
     norm_silu: bool = False  # ... and the norms a SiLU follows apply it in its apply kernel (fuse_following_silu_)
+    norm_min_side: int = 0  # ... only on maps of at least this side squared (PyTorch's norms on smaller ones)
     interleave: str = "channels_last"  # PhaseUpsampleConv's phase interleave (accel/upsample_conv.py INTERLEAVES)
     triton: str = "off"  # the network's convs on the Triton kernel: "half" | "fp8" | "fp8-static" | "mixed" (accel/igemm_conv.py)
     reference: bool = False
 
     def key(self) -> tuple:
-        return (self.dtype, self.channels_last, self.fp8, self.fold and self.dtype != "fp32", self.rewrite, self.interleave, self.nhwc_norms, self.norm_silu, self.triton)
+        return (self.dtype, self.channels_last, self.fp8, self.fold and self.dtype != "fp32", self.rewrite, self.interleave, self.nhwc_norms, self.norm_silu, self.norm_min_side, self.triton)
 
 
 def levers_for(net: Net, half: str) -> list[Lever]:
@@ -320,6 +321,9 @@ def levers_for(net: Net, half: str) -> list[Lever]:
                           mode="compile+cudagraph", channels_last=True, rewrite=True, interleave="nchw"),
                     Lever(f"{h} channels_last compile+cudagraph, conv rewrites, nhwc group norms + silu", "half",
                           mode="compile+cudagraph", channels_last=True, rewrite=True, nhwc_norms=True, norm_silu=True)]
+            out += [Lever(f"{h} channels_last compile+cudagraph, conv rewrites, nhwc group norms + silu from {side}^2", "half",
+                          mode="compile+cudagraph", channels_last=True, rewrite=True, nhwc_norms=True, norm_silu=True,
+                          norm_min_side=side) for side in (64, 128, 256)]
             # the Triton convolution kernel, in the engine's configuration otherwise
             out += [Lever(f"{h} channels_last {mode}, conv rewrites, triton {t} convs", "half", mode=mode,
                           channels_last=True, rewrite=True, triton=t)
@@ -519,7 +523,7 @@ def run_network(net: Net, args, device: torch.device, half: str, peak: dict[str,
                     if isinstance(mod, PhaseUpsampleConv):
                         mod.interleave = lv.interleave
             if lv.nhwc_norms:
-                m = with_nhwc_group_norms(m)[0]
+                m = with_nhwc_group_norms(m, lv.norm_min_side ** 2)[0]
                 if lv.norm_silu and not fuse_following_silu_(m):
                     raise RuntimeError("no norm takes a SiLU that follows it")
             dt = torch.float32 if lv.dtype == "fp32" else (half_dtype if lv.dtype == "half" else torch.bfloat16)

@@ -136,6 +136,28 @@ def test_the_vae_decoder_s_norms_take_the_silu_that_follows_them():
     assert ((got - ref).norm() / ref.norm()).item() < 1e-5
 
 
+def test_small_maps_keep_pytorch_s_norm_with_the_silu_still_applied():
+    """``min_pixels``: norms of maps under the threshold run PyTorch's GroupNorm (then the SiLU they
+    took in), larger ones the kernel; the decoder's output stays the same."""
+    from newsstudio.accel.group_norm_nhwc import fuse_following_silu_
+    from newsstudio.engines.musetalk.engine import TINY_VAE_CONFIG
+    from newsstudio.engines.musetalk.weights import random_vae
+
+    vae = random_vae(7, DEVICE, config=TINY_VAE_CONFIG)
+    dec = vae.decoder.to(memory_format=torch.channels_last)
+    z = _cl(torch.randn(1, 4, 4, 4, generator=torch.Generator().manual_seed(8)))
+    calls = {}
+    for min_pixels in (0, 8 * 8, 10**9):
+        fast = with_nhwc_group_norms(dec, min_pixels)[0]
+        fuse_following_silu_(fast)
+        with torch.inference_mode(), KernelCalls() as spy:
+            ref = dec(vae.post_quant_conv(z))
+            got = fast(vae.post_quant_conv(z))
+        calls[min_pixels] = spy.calls
+        assert ((got - ref).norm() / ref.norm()).item() < 1e-5, min_pixels
+    assert calls[0] > calls[64] > calls[10**9] == 0
+
+
 def test_compiled_graph_keeps_the_op():
     """The op's fake gives torch.compile its output; the combine and the affine step trace around it."""
     norm = NHWCGroupNorm.replacing(nn.GroupNorm(8, 32)).to(DEVICE)

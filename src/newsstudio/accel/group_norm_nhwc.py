@@ -209,9 +209,12 @@ class NHWCGroupNorm(nn.Module):
     computed by `group_norm_nhwc`."""
 
     def __init__(self, num_groups: int, num_channels: int, eps: float, weight: nn.Parameter | None = None,
-                 bias: nn.Parameter | None = None, instance: bool = False) -> None:
+                 bias: nn.Parameter | None = None, instance: bool = False, min_pixels: int = 0) -> None:
         super().__init__()
         self.num_groups, self.num_channels, self.eps = num_groups, num_channels, eps
+        # maps of fewer pixels take PyTorch's norm (which Inductor compiles): alone, the kernels lose
+        # to Inductor's on small maps (group_norm_bench: 2.5-6x on 32^2 and 16^2, H200)
+        self.min_pixels = min_pixels
         self.weight, self.bias = weight, bias
         self.instance = instance  # an InstanceNorm2d's replacement also takes one unbatched [C, H, W] image
         # the SiLU that follows this norm, taken in by `fuse_following_silu_` (then run by the apply kernel)
@@ -236,17 +239,27 @@ class NHWCGroupNorm(nn.Module):
             return self(x[None])[0]
         if x.dim() < 2 or x.shape[1] != self.num_channels:  # other ranks (attention's [N, C, L]): F.group_norm
             raise ValueError(f"expected [N, {self.num_channels}, ...], got {tuple(x.shape)}")
+        if x.dim() == 4 and x.shape[2] * x.shape[3] < self.min_pixels:
+            y = F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+            return F.silu(y) if self.silu else y
         return group_norm_nhwc(x, self.num_groups, self.weight, self.bias, self.eps, silu=self.silu, apply_kernel=self.silu)
 
     def extra_repr(self) -> str:
-        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}" + (", then SiLU" if self.silu else "")
+        return (f"{self.num_groups}, {self.num_channels}, eps={self.eps}" + (", then SiLU" if self.silu else "")
+                + (f", kernels from {self.min_pixels} pixels" if self.min_pixels else ""))
 
 
-def with_nhwc_group_norms(module: nn.Module) -> tuple[nn.Module, int]:
+def with_nhwc_group_norms(module: nn.Module, min_pixels: int = 0) -> tuple[nn.Module, int]:
     """A copy of ``module`` (every parameter shared, see shared_copy.py) whose GroupNorm and
     InstanceNorm2d layers run as `NHWCGroupNorm` where `NHWCGroupNorm.replacing` takes them, and
-    how many."""
-    return shared_copy_replacing(module, NHWCGroupNorm.replacing)
+    how many; on maps of fewer than ``min_pixels`` pixels they run PyTorch's norm."""
+    def replacing(norm: nn.Module) -> NHWCGroupNorm | None:
+        new = NHWCGroupNorm.replacing(norm)
+        if new is not None:
+            new.min_pixels = min_pixels
+        return new
+
+    return shared_copy_replacing(module, replacing)
 
 
 def fuse_following_silu_(module: nn.Module) -> int:

@@ -66,6 +66,8 @@ from .weights import (
 TINY_UNET_CONFIG: dict[str, Any] = {**UNET_CONFIG, "block_out_channels": [32, 64, 64, 64], "layers_per_block": 1}
 TINY_VAE_CONFIG: dict[str, Any] = {**VAE_CONFIG, "block_out_channels": [32, 32, 64, 64], "layers_per_block": 1}
 
+# `nhwc_norms`: maps of fewer pixels on a side keep PyTorch's norm (the kernels alone lose on small maps)
+NHWC_NORM_MIN_SIDE = 0
 LAYER_CACHE_SIZE = 4  # avatars kept on the device at once (each: latents + float masks, ~1 MB/frame at 1080p)
 PROMPT_ROWS = 10  # 20 ms encoder rows per frame window (+-2 frames at 25 fps)
 BISENET_FILE = Path("face-parse-bisent") / "79999_iter.pth"
@@ -290,6 +292,7 @@ class MuseTalkEngine(Engine):
         prebake_batch: int | None = None,
         conv_rewrites: bool = True,
         nhwc_norms: bool = False,
+        nhwc_norm_min_side: int = NHWC_NORM_MIN_SIDE,
         triton_convs: str = "off",
         unet_config: dict[str, Any] | None = None,
         vae_config: dict[str, Any] | None = None,
@@ -334,7 +337,7 @@ class MuseTalkEngine(Engine):
         if self.conv_rewrites and self.channels_last:
             to_channels_last_(self._vae_decoder)
         if self.nhwc_norms:
-            self._vae_decoder = with_nhwc_group_norms(self._vae_decoder)[0]
+            self._vae_decoder = with_nhwc_group_norms(self._vae_decoder, nhwc_norm_min_side ** 2)[0]
             fuse_following_silu_(self._vae_decoder)
         self.triton_convs, self._vae_decoder = with_triton_convs(
             self._vae_decoder, triton_convs, device, copied=self.conv_rewrites or self.nhwc_norms,
