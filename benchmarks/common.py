@@ -5,7 +5,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -157,7 +156,7 @@ def variant_list(spec: str | None) -> list[str] | None:
 
 TRITON_FLAGS = {"triton": "half", "triton8": "fp8", "triton8s": "fp8-static", "triton8m": "mixed"}  # variant flag -> triton_convs
 VARIANT_FLAGS = ("nchw", "cl", "nobench", "norw", "gn", "nogn", "tf32", "notf32", *TRITON_FLAGS)
-VARIANT_SYNTAX = "ACCEL[:nchw|:cl][:nobench][:norw][:gn|:gnSIDE|:nogn][:tf32|:notf32][:triton|:triton8|:triton8s|:triton8m]"
+VARIANT_SYNTAX = "ACCEL[:nchw|:cl][:nobench][:norw][:gn|:nogn][:tf32|:notf32][:triton|:triton8|:triton8s|:triton8m]"
 
 
 def kernel_choices() -> dict[str, Any]:
@@ -179,7 +178,7 @@ def parse_variant(spec: str) -> dict[str, Any]:
     mode, channels_last (':nchw' off, ':cl' on, else the engine's default), cudnn_benchmark
     (':nobench' off, else the default: on with CUDA), the engine's exact conv_rewrites (':norw' off),
     its norms by the NHWC kernels (':gn' on, ':nogn' off, else the engine's default; nhwc_norms,
-    accel/group_norm_nhwc.py; ':gn128' on maps of at least 128^2 only, MuseTalk's nhwc_norm_min_side),
+    accel/group_norm_nhwc.py),
     for Ditto its front end graphed with TF32 matmuls (':tf32') or in float32 (':notf32'; else the
     engine's default, TF32), and the render convolutions on the Triton kernel in half precision
     (':triton') or FP8 with input scales per call (':triton8'), fixed at build (':triton8s') or on
@@ -188,8 +187,7 @@ def parse_variant(spec: str) -> dict[str, Any]:
     from newsstudio.accel import MODES
 
     accel, *flags = spec.split(":")
-    sides = [f for f in flags if re.fullmatch(r"gn\d+", f)]
-    if accel not in MODES or any(f not in VARIANT_FLAGS and f not in sides for f in flags):
+    if accel not in MODES or any(f not in VARIANT_FLAGS for f in flags):
         raise SystemExit(f"--variants: {spec!r} is not {VARIANT_SYNTAX} with ACCEL one of {MODES}")
     kw: dict[str, Any] = {"accel": accel}
     if "nchw" in flags or "cl" in flags:
@@ -198,10 +196,8 @@ def parse_variant(spec: str) -> dict[str, Any]:
         kw["cudnn_benchmark"] = False
     if "norw" in flags:
         kw["conv_rewrites"] = False
-    if "gn" in flags or "nogn" in flags or sides:
-        kw["nhwc_norms"] = "nogn" not in flags
-    if sides:
-        kw["nhwc_norm_min_side"] = int(sides[-1][2:])
+    if "gn" in flags or "nogn" in flags:
+        kw["nhwc_norms"] = "gn" in flags
     if "tf32" in flags or "notf32" in flags:
         kw["front_end_tf32"] = "tf32" in flags
     triton = [TRITON_FLAGS[f] for f in flags if f in TRITON_FLAGS]

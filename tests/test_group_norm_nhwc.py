@@ -60,9 +60,9 @@ def test_splits_of_several_chunks_and_a_ragged_last_chunk(monkeypatch):
     still the exact statistics, also for a mean 1,000 standard deviations from zero (where
     E[x^2] - E[x]^2 in float32 would have nothing left)."""
     monkeypatch.setattr(gn, "ELEMENTS_PER_CHUNK", 256)  # 8 pixels of 32 channels per chunk
-    monkeypatch.setattr(gn, "TARGET_PROGRAMS", 6)  # 3 splits per image: ~5 chunks each
+    monkeypatch.setattr(gn, "SPLITS_PER_IMAGE", 3)  # ~5 chunks each
     monkeypatch.setattr(gn, "MIN_SPLIT_PIXELS", 8)
-    assert gn._layout(2, 32, 11 * 11) == (8, 48, 3)
+    assert gn._layout(32, 11 * 11) == (8, 48, 3)
     g = torch.Generator().manual_seed(3)
     x = _cl(torch.randn(2, 32, 11, 11, generator=g) + 1000.0)
     got = group_norm_nhwc(x, 8, eps=1e-6)
@@ -176,13 +176,18 @@ def test_compiled_graph_keeps_the_op():
 def test_one_compilation_serves_every_batch_size(monkeypatch):
     """The engines' runners share one compiled graph across batch sizes (batch dimension dynamic):
     the op's output shape follows the batch symbolically, and a process whose first trace is also
-    its first use of Triton does not compile twice."""
+    its first use of Triton does not compile twice. Several pixel splits per image: their count
+    does not depend on the batch (where it did, each batch size compiled anew)."""
     from torch._dynamo.utils import counters
 
     from newsstudio.accel import triton_conv
 
     monkeypatch.setattr(triton_conv, "triton", None)  # as in a fresh process
     monkeypatch.setattr(triton_conv, "tl", None)
+    monkeypatch.setattr(gn, "ELEMENTS_PER_CHUNK", 256)  # 8 pixels of 32 channels per chunk
+    monkeypatch.setattr(gn, "MIN_SPLIT_PIXELS", 8)
+    monkeypatch.setattr(gn, "SPLITS_PER_IMAGE", 3)
+    assert gn._layout(32, 6 * 6)[2] == 3
     norm = NHWCGroupNorm.replacing(nn.GroupNorm(8, 32)).to(DEVICE)
     torch._dynamo.reset()
     fn = torch.compile(lambda t: F.silu(norm(t)), backend="aot_eager")
@@ -211,7 +216,7 @@ def test_engines_run_their_norms_on_the_kernel_with_the_same_frames(monkeypatch)
     InstanceNorms go through the kernel; the rendered faces stay those of the plain engine."""
     if not torch.cuda.is_available():  # few, large programs: the interpreter's cost is per step
         monkeypatch.setattr(gn, "ELEMENTS_PER_CHUNK", 1 << 16)
-        monkeypatch.setattr(gn, "TARGET_PROGRAMS", 2)
+        monkeypatch.setattr(gn, "SPLITS_PER_IMAGE", 1)
     from newsstudio.engines.ditto.engine import DittoEngine
     from newsstudio.engines.musetalk.engine import TINY_UNET_CONFIG, TINY_VAE_CONFIG, MuseTalkEngine
 

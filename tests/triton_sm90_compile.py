@@ -152,7 +152,7 @@ def compile_group_norm(channels: int, dtype: torch.dtype, which: str = "partials
 
     kernel = gn._kernels()[which]
     params = list(inspect.signature(kernel.fn).parameters)
-    meta = {"C": channels, "BLOCK_C": gn._block_c(channels), "BLOCK_P": gn._layout(1, channels, 1 << 16)[0]}
+    meta = {"C": channels, "BLOCK_C": gn._block_c(channels), "BLOCK_P": gn._layout(channels, 1 << 16)[0]}
     if which == "partials":
         sig = {"x_ptr": f"*{_TYPES[dtype]}", "out_ptr": "*fp32", "HW": "i32", "CHUNKS": "i32", "SPLITS": "i32"}
     else:

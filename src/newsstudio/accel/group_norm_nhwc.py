@@ -34,7 +34,10 @@ from .triton_conv import EXACT_STRIDES, interpreting, triton_available
 __all__ = ["NHWCGroupNorm", "fuse_following_silu_", "group_norm_nhwc", "kernel_fits", "with_nhwc_group_norms"]
 
 ELEMENTS_PER_CHUNK = 8192  # pixels x channels one program holds in registers at once (fp32)
-TARGET_PROGRAMS = 2048  # images x splits: several waves over an H200's 132 SMs
+# pixel splits per image: at batch 32, 2,048 programs (several waves over an H200's 132 SMs). Not
+# derived from the batch size: the op's output shape would then depend on it, and torch.compile
+# guards on every such branch (three recompiles of the MuseTalk engine's warm-up, ~17 s each)
+SPLITS_PER_IMAGE = 64
 MIN_SPLIT_PIXELS = 128  # a split's partials (12 bytes a channel) stay a few % of what it reads (2 a pixel)
 MAX_CHANNELS = 4096
 
@@ -61,11 +64,11 @@ def _chunk_pixels(c: int) -> int:
     return max(1, ELEMENTS_PER_CHUNK // _block_c(c))
 
 
-def _layout(n: int, c: int, hw: int) -> tuple[int, int, int]:
-    """(pixels per chunk, pixels per split, splits) for ``n`` images of ``hw`` pixels of ``c`` channels."""
+def _layout(c: int, hw: int) -> tuple[int, int, int]:
+    """(pixels per chunk, pixels per split, splits) for images of ``hw`` pixels of ``c`` channels."""
     block_p = _chunk_pixels(c)
     chunks = -(-hw // block_p)
-    splits = max(1, min(chunks, -(-TARGET_PROGRAMS // max(n, 1)), hw // MIN_SPLIT_PIXELS))
+    splits = max(1, min(chunks, SPLITS_PER_IMAGE, hw // MIN_SPLIT_PIXELS))
     per_split = -(-chunks // splits) * block_p
     return block_p, per_split, -(-hw // per_split)
 
@@ -139,7 +142,7 @@ tl = None  # triton.language, bound by `_kernels` (Triton is imported on first u
 def _group_norm_partials(x: torch.Tensor) -> torch.Tensor:
     """[N, splits, 3, C] float32: count, mean, M2 of each channel over each pixel split."""
     n, c, h, w = x.shape
-    block_p, per_split, splits = _layout(n, c, h * w)
+    block_p, per_split, splits = _layout(c, h * w)
     out = torch.empty((n, splits, 3, c), dtype=torch.float32, device=x.device)
     x = x.contiguous(memory_format=torch.channels_last)
     _kernels()["partials"][(n, splits)](x, out, h * w, per_split // block_p, splits, C=c, BLOCK_C=_block_c(c), BLOCK_P=block_p)
@@ -149,7 +152,7 @@ def _group_norm_partials(x: torch.Tensor) -> torch.Tensor:
 @_group_norm_partials.register_fake
 def _(x):
     n, c, h, w = x.shape
-    return x.new_empty((n, _layout(n, c, h * w)[2], 3, c), dtype=torch.float32)
+    return x.new_empty((n, _layout(c, h * w)[2], 3, c), dtype=torch.float32)
 
 
 @torch.library.custom_op("newsstudio::norm_apply_nhwc", mutates_args=(), tags=(EXACT_STRIDES,))

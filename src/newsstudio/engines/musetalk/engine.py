@@ -66,8 +66,6 @@ from .weights import (
 TINY_UNET_CONFIG: dict[str, Any] = {**UNET_CONFIG, "block_out_channels": [32, 64, 64, 64], "layers_per_block": 1}
 TINY_VAE_CONFIG: dict[str, Any] = {**VAE_CONFIG, "block_out_channels": [32, 32, 64, 64], "layers_per_block": 1}
 
-# `nhwc_norms`: maps of fewer pixels on a side keep PyTorch's norm (the kernels alone lose on small maps)
-NHWC_NORM_MIN_SIDE = 0
 LAYER_CACHE_SIZE = 4  # avatars kept on the device at once (each: latents + float masks, ~1 MB/frame at 1080p)
 PROMPT_ROWS = 10  # 20 ms encoder rows per frame window (+-2 frames at 25 fps)
 BISENET_FILE = Path("face-parse-bisent") / "79999_iter.pth"
@@ -250,11 +248,10 @@ class MuseTalkEngine(Engine):
     nearest-2x + 3x3-conv pairs computed as 2x2 phase convolutions (accel/upsample_conv.py: 97 of
     its 622 GFLOP per frame saved, equal up to rounding; the shared VAE itself stays as loaded);
     ``nhwc_norms``: the VAE decoder's GroupNorms by accel/group_norm_nhwc.py's kernels, the SiLU
-    that follows most of them in their apply kernel (equal up to rounding; the compiled decoder alone
-    took 40.28 instead of 42.46 ms per batch of 32 on an H200, but the one engine run with it did not
-    finish its warm-up in the ~6 min it had, where it took ~2 before: one cause, a second compile,
-    found and fixed since; off until the engine is timed;
-    the UNet keeps PyTorch's norms, whose small maps the kernel did slower);
+    that follows most of them in their apply kernel (equal up to rounding; default on with CUDA and
+    channels_last: on an H200 the engine ran 497.1 instead of 476.6 frames/s dense, back to back,
+    the compiled decoder alone 40.6 instead of 43.1 ms per batch of 32; the UNet keeps PyTorch's
+    norms, whose small maps the kernel did slower);
     ``triton_convs``: the VAE decoder's convolutions by the Triton implicit-GEMM kernel
     (accel/igemm_conv.py) in the engine's half precision (``"half"``), in FP8 (Hopper+) with each
     input's scale from its amax on every call (``"fp8"``) or fixed once when the engine is built
@@ -291,8 +288,7 @@ class MuseTalkEngine(Engine):
         cudnn_benchmark: bool | None = None,
         prebake_batch: int | None = None,
         conv_rewrites: bool = True,
-        nhwc_norms: bool = False,
-        nhwc_norm_min_side: int = NHWC_NORM_MIN_SIDE,
+        nhwc_norms: bool | None = None,
         triton_convs: str = "off",
         unet_config: dict[str, Any] | None = None,
         vae_config: dict[str, Any] | None = None,
@@ -329,7 +325,7 @@ class MuseTalkEngine(Engine):
         self.vae_id = vae_fingerprint(self.models.vae)
         self._scale = 1.0 / scaling_factor_of(self.models.vae)
         self._t0 = torch.zeros(1, dtype=torch.long, device=device)
-        self.nhwc_norms = bool(nhwc_norms)
+        self.nhwc_norms = (device.type == "cuda" and self.channels_last) if nhwc_norms is None else bool(nhwc_norms)
         self.conv_rewrites = bool(conv_rewrites)
         vae = self.models.vae
         self._post_quant_conv = vae.post_quant_conv if vae.post_quant_conv is not None else torch.nn.Identity()
@@ -337,7 +333,7 @@ class MuseTalkEngine(Engine):
         if self.conv_rewrites and self.channels_last:
             to_channels_last_(self._vae_decoder)
         if self.nhwc_norms:
-            self._vae_decoder = with_nhwc_group_norms(self._vae_decoder, nhwc_norm_min_side ** 2)[0]
+            self._vae_decoder = with_nhwc_group_norms(self._vae_decoder)[0]
             fuse_following_silu_(self._vae_decoder)
         self.triton_convs, self._vae_decoder = with_triton_convs(
             self._vae_decoder, triton_convs, device, copied=self.conv_rewrites or self.nhwc_norms,
