@@ -61,6 +61,7 @@ from newsstudio.accel.group_norm_nhwc import fuse_following_silu_, with_nhwc_gro
 from newsstudio.accel.igemm_conv import CALIBRATED_MODES, calibrate_fp8_, convert_convs_for_mode_, triton_conv_supported
 from newsstudio.accel.precision import parse_dtype, to_channels_last_
 from newsstudio.accel.upsample_conv import PhaseUpsampleConv
+from newsstudio.engines.ditto.models.regrouped import use_nhwc_spade_norms_
 from newsstudio.weights.seeded import fill_seeded_
 
 from .common import machine
@@ -276,12 +277,13 @@ class Lever:
     nhwc_norms: bool = False  # GroupNorm / InstanceNorm statistics by accel/group_norm_nhwc.py's kernel
     norm_silu: bool = False  # ... and the norms a SiLU follows apply it in its apply kernel (fuse_following_silu_)
     norm_min_side: int = 0  # ... only on maps of at least this side squared (PyTorch's norms on smaller ones)
+    spade_norms: bool = False  # Ditto's regrouped SPADE norms: statistics, norm + modulation + LeakyReLU on the NHWC kernels
     interleave: str = "channels_last"  # PhaseUpsampleConv's phase interleave (accel/upsample_conv.py INTERLEAVES)
     triton: str = "off"  # the network's convs on the Triton kernel: "half" | "fp8" | "fp8-static" | "mixed" (accel/igemm_conv.py)
     reference: bool = False
 
     def key(self) -> tuple:
-        return (self.dtype, self.channels_last, self.fp8, self.fold and self.dtype != "fp32", self.rewrite, self.interleave, self.nhwc_norms, self.norm_silu, self.norm_min_side, self.triton)
+        return (self.dtype, self.channels_last, self.fp8, self.fold and self.dtype != "fp32", self.rewrite, self.interleave, self.nhwc_norms, self.norm_silu, self.norm_min_side, self.spade_norms, self.triton)
 
 
 def levers_for(net: Net, half: str) -> list[Lever]:
@@ -316,6 +318,9 @@ def levers_for(net: Net, half: str) -> list[Lever]:
         # the norms' statistics by the NHWC kernel (the MuseTalk decoder's GroupNorms, Ditto's InstanceNorms)
         out.append(Lever(f"{h} channels_last compile+cudagraph, conv rewrites, nhwc group norms", "half",
                          mode="compile+cudagraph", channels_last=True, rewrite=True, nhwc_norms=True))
+        if net.name == "ditto":
+            out.append(Lever(f"{h} channels_last compile+cudagraph, conv rewrites, nhwc spade norms", "half",
+                             mode="compile+cudagraph", channels_last=True, rewrite=True, spade_norms=True))
         if net.name == "vae":  # the phases interleaved in NCHW order (before 2026-12-05); the norms taking their SiLU (the engine's)
             out += [Lever(f"{h} channels_last compile+cudagraph, conv rewrites, nchw interleave", "half",
                           mode="compile+cudagraph", channels_last=True, rewrite=True, interleave="nchw"),
@@ -522,6 +527,8 @@ def run_network(net: Net, args, device: torch.device, half: str, peak: dict[str,
                 for mod in m.modules():
                     if isinstance(mod, PhaseUpsampleConv):
                         mod.interleave = lv.interleave
+            if lv.spade_norms and not use_nhwc_spade_norms_(m):
+                raise RuntimeError("no regrouped SPADE norm to put on the kernels")
             if lv.nhwc_norms:
                 m = with_nhwc_group_norms(m, lv.norm_min_side ** 2)[0]
                 if lv.norm_silu and not fuse_following_silu_(m):

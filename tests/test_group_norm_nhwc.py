@@ -23,14 +23,15 @@ def _cl(x: torch.Tensor) -> torch.Tensor:
 
 
 class KernelCalls(torch.utils._python_dispatch.TorchDispatchMode):
-    """Counts calls of the statistics op."""
+    """Counts calls of the statistics op (``calls``) and of the SPADE modulation op (``modulations``)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.calls = 0
+        self.calls = self.modulations = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.calls += func is torch.ops.newsstudio.group_norm_partials.default
+        self.modulations += func is torch.ops.newsstudio.spade_modulate_nhwc.default
         return func(*args, **(kwargs or {}))
 
 
@@ -53,6 +54,54 @@ def test_equals_group_norm(shape, groups, dtype):
         got = group_norm_nhwc(x, groups, weight, bias, 1e-6, silu=silu, apply_kernel=True)
         assert got.dtype == dtype and got.is_contiguous(memory_format=torch.channels_last)
         torch.testing.assert_close(got.double(), F.silu(ref) if silu else ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_spade_norm_equals_instance_norm_modulated(dtype):
+    """`spade_norm_nhwc`: SPADE's instance norm, modulation by the stacked gamma/beta and the
+    LeakyReLU after it in one kernel pass, as PyTorch computes them; statistics shared by two norms
+    of the same input are computed once."""
+    from newsstudio.accel.group_norm_nhwc import instance_norm_scale_shift, spade_norm_nhwc
+
+    g = torch.Generator().manual_seed(11)
+    x = _cl((torch.randn(2, 24, 9, 7, generator=g) * 2 + 3).to(dtype))
+    gb = _cl((torch.randn(2, 48, 9, 7, generator=g) * 0.5).to(dtype))
+    gamma, beta = gb.double().split(24, dim=1)
+    ref = F.instance_norm(x.double()) * (1 + gamma) + beta
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    with KernelCalls() as spy:
+        plain = spade_norm_nhwc(x, gb)
+        stats = instance_norm_scale_shift(x)
+        activated = spade_norm_nhwc(x, gb, slope=0.2, scale_shift=stats)
+    assert (spy.calls, spy.modulations) == (2, 2)
+    for got, want in ((plain, ref), (activated, F.leaky_relu(ref, 0.2))):
+        assert got.dtype == dtype and got.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+    # an NCHW input: PyTorch's ops, the same result
+    with KernelCalls() as spy:
+        nchw = spade_norm_nhwc(x.contiguous(), gb.contiguous(), slope=0.2)
+    assert spy.calls == spy.modulations == 0
+    torch.testing.assert_close(nchw.double(), F.leaky_relu(ref, 0.2), rtol=tol, atol=tol)
+
+
+def test_regrouped_spade_decoder_on_the_kernels_keeps_its_output():
+    """Ditto's regrouped decoder with `use_nhwc_spade_norms_`: every SPADE norm through the
+    modulation kernel (the learned shortcuts' two norms of one input share its statistics), the
+    image that of the plain regrouped decoder."""
+    from newsstudio.engines.ditto.models import SPADEDecoder
+    from newsstudio.engines.ditto.models.regrouped import RegroupedSPADEDecoder, use_nhwc_spade_norms_
+    from newsstudio.weights.seeded import fill_seeded_, seeded_input
+
+    dec = fill_seeded_(SPADEDecoder(block_expansion=16), salt=3).eval().fold_spectral_norm_().to(DEVICE)
+    plain = RegroupedSPADEDecoder(dec).to(memory_format=torch.channels_last)
+    fast = RegroupedSPADEDecoder(dec).to(memory_format=torch.channels_last)
+    assert use_nhwc_spade_norms_(fast) == 17  # 6 x 2 middle, up_0 with its shortcut 3, up_1 2 (64 -> 64 here)
+    x = _cl(seeded_input("t.spade", (1, 64, 8, 8)))
+    with torch.inference_mode(), KernelCalls() as spy:
+        ref = plain.forward_logits(x)
+        got = fast.forward_logits(x)
+    assert spy.modulations == 17 and spy.calls == 16  # the shortcut norm reuses its block's statistics
+    assert ((got - ref).norm() / ref.norm()).item() < 1e-5
 
 
 def test_splits_of_several_chunks_and_a_ragged_last_chunk(monkeypatch):

@@ -31,7 +31,8 @@ from . import triton_conv
 from .shared_copy import shared_copy_replacing
 from .triton_conv import EXACT_STRIDES, interpreting, triton_available
 
-__all__ = ["NHWCGroupNorm", "fuse_following_silu_", "group_norm_nhwc", "kernel_fits", "with_nhwc_group_norms"]
+__all__ = ["NHWCGroupNorm", "fuse_following_silu_", "group_norm_nhwc", "instance_norm_scale_shift", "kernel_fits",
+           "spade_norm_nhwc", "with_nhwc_group_norms"]
 
 ELEMENTS_PER_CHUNK = 8192  # pixels x channels one program holds in registers at once (fp32)
 # pixel splits per image: at batch 32, 2,048 programs (several waves over an H200's 132 SMs). Not
@@ -125,14 +126,40 @@ def _apply_kernel(x_ptr, scale_ptr, shift_ptr, y_ptr, HW,
     tl.store(y_ptr + at, y.to(y_ptr.dtype.element_ty), mask=ok)
 
 
+def _modulate_kernel(x_ptr, scale_ptr, shift_ptr, gb_ptr, y_ptr, HW, slope,
+                     C: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr, ACT: tl.constexpr):
+    """Program (image n, pixel block b): SPADE's modulation of the normalised ``x``,
+    ``y = (x * scale[n] + shift[n]) * (1 + gamma) + beta`` (then LeakyReLU with ``slope``), gamma
+    and beta the two halves of each pixel's 2C channels in ``gb`` (the stacked gamma/beta conv's
+    output, channels-last like ``x``)."""
+    n = tl.program_id(0)
+    offs_p = tl.program_id(1) * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_c = tl.arange(0, BLOCK_C)
+    c_ok = offs_c < C
+    ok = (offs_p < HW)[:, None] & c_ok[None, :]
+    pixel = n.to(tl.int64) * HW + offs_p.to(tl.int64)
+    at = pixel[:, None] * C + offs_c[None, :]
+    gb_at = pixel[:, None] * (2 * C) + offs_c[None, :]
+    v = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    gamma = tl.load(gb_ptr + gb_at, mask=ok, other=0.0).to(tl.float32)
+    beta = tl.load(gb_ptr + gb_at + C, mask=ok, other=0.0).to(tl.float32)
+    sc = tl.load(scale_ptr + n * C + offs_c, mask=c_ok, other=0.0)
+    sh = tl.load(shift_ptr + n * C + offs_c, mask=c_ok, other=0.0)
+    y = (v * sc[None, :] + sh[None, :]) * (1.0 + gamma) + beta
+    if ACT:
+        y = tl.where(y >= 0, y, y * slope)
+    tl.store(y_ptr + at, y.to(y_ptr.dtype.element_ty), mask=ok)
+
+
 @functools.lru_cache(maxsize=None)
 def _kernels() -> dict:
-    """{"partials", "apply"}: jitted on first use (``triton.jit`` reads TRITON_INTERPRET when it decorates)."""
+    """{"partials", "apply", "modulate"}: jitted on first use (``triton.jit`` reads TRITON_INTERPRET when it decorates)."""
     if not triton_available():
         raise RuntimeError("the GroupNorm kernels need the 'triton' package")
     global tl
     tl = triton_conv.tl
-    return {"partials": triton_conv.triton.jit(_partials_kernel), "apply": triton_conv.triton.jit(_apply_kernel)}
+    jit = triton_conv.triton.jit
+    return {"partials": jit(_partials_kernel), "apply": jit(_apply_kernel), "modulate": jit(_modulate_kernel)}
 
 
 tl = None  # triton.language, bound by `_kernels` (Triton is imported on first use, see triton_conv.py)
@@ -172,6 +199,27 @@ def _(x, scale, shift, silu):
     return torch.empty_like(x, memory_format=torch.channels_last)
 
 
+@torch.library.custom_op("newsstudio::spade_modulate_nhwc", mutates_args=(), tags=(EXACT_STRIDES,))
+def _spade_modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, gamma_beta: torch.Tensor,
+                    slope: float | None) -> torch.Tensor:
+    """``(x * scale + shift) * (1 + gamma) + beta`` (then LeakyReLU) for channels-last ``x`` [N, C, H, W],
+    [N, C] float32 ``scale``, ``shift`` and ``gamma_beta`` [N, 2C, H, W] = gamma then beta."""
+    n, c, h, w = x.shape
+    x = x.contiguous(memory_format=torch.channels_last)
+    gamma_beta = gamma_beta.contiguous(memory_format=torch.channels_last)
+    y = torch.empty_like(x, memory_format=torch.channels_last)
+    block_p = _chunk_pixels(2 * c)  # gamma and beta held too
+    _kernels()["modulate"][(n, -(-h * w // block_p))](
+        x, scale.contiguous(), shift.contiguous(), gamma_beta, y, h * w, 0.0 if slope is None else slope,
+        C=c, BLOCK_C=_block_c(c), BLOCK_P=block_p, ACT=slope is not None)
+    return y
+
+
+@_spade_modulate.register_fake
+def _(x, scale, shift, gamma_beta, slope):
+    return torch.empty_like(x, memory_format=torch.channels_last)
+
+
 def _mean_rstd(partials: torch.Tensor, groups: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Chan's combination of every split and channel of a group: [N, G] mean and 1 / sqrt(var + eps),
     float32."""
@@ -204,6 +252,34 @@ def group_norm_nhwc(x: torch.Tensor, groups: int, weight: torch.Tensor | None = 
         return _norm_apply(x, scale, shift, silu)  # (no backward formula: the tensor ops below have one)
     y = (x.float() * scale[:, :, None, None] + shift[:, :, None, None]).to(x.dtype)
     return F.silu(y) if silu else y
+
+
+def instance_norm_scale_shift(x: torch.Tensor, eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A parameter-free InstanceNorm of channels-last ``x`` as [N, C] float32 ``(scale, shift)``
+    (``x * scale + shift`` normalises) from the statistics kernel, or None where it cannot run (then
+    `spade_norm_nhwc` takes PyTorch's path). Two norms of the same ``x`` can share it."""
+    if not kernel_fits(x, x.shape[1]) or (torch.is_grad_enabled() and x.requires_grad):
+        return None
+    mu, rstd = _mean_rstd(_group_norm_partials(x), x.shape[1], eps)
+    return rstd, -mu * rstd
+
+
+def spade_norm_nhwc(x: torch.Tensor, gamma_beta: torch.Tensor, eps: float = 1e-5, slope: float | None = None,
+                    scale_shift: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """SPADE's ``instance_norm(x) * (1 + gamma) + beta`` (then ``leaky_relu(., slope)``) with
+    ``gamma_beta`` = gamma and beta stacked on the channels, as one Triton kernel after the
+    statistics one where both run (``scale_shift``: `instance_norm_scale_shift` of ``x`` if already
+    computed). Why: Inductor's own instance norm of Ditto's channels-last 64x64-256x256 maps ran at
+    ~450 GB/s on an H200, the kernels at 500-950 (group_norm_bench, twenty-third session)."""
+    c = x.shape[1]
+    fits = gamma_beta.shape == (x.shape[0], 2 * c, *x.shape[2:]) and gamma_beta.dtype == x.dtype
+    if fits and scale_shift is None:
+        scale_shift = instance_norm_scale_shift(x, eps)
+    if not fits or scale_shift is None or (torch.is_grad_enabled() and gamma_beta.requires_grad):
+        gamma, beta = torch.split(gamma_beta, c, dim=1)
+        y = F.instance_norm(x, eps=eps) * (1 + gamma) + beta
+        return y if slope is None else F.leaky_relu(y, slope)
+    return _spade_modulate(x, scale_shift[0], scale_shift[1], gamma_beta, slope)
 
 
 class NHWCGroupNorm(nn.Module):

@@ -71,7 +71,7 @@ from ..batching import TensorBatcher
 from ..model_cache import ModelCache
 from .config import DittoConfig, load_config
 from .lmdm import DDIMSampler, MotionBatcher, MotionWindowStream
-from .models.regrouped import RegroupedSPADEDecoder, regrouped_warp
+from .models.regrouped import RegroupedSPADEDecoder, regrouped_warp, use_nhwc_spade_norms_
 from .motion_stitch import (
     NUM_KP,
     MotionStitchConfig,
@@ -315,8 +315,9 @@ class DittoEngine(Engine):
     ``conv_rewrites``: warp and decoder regrouped for the GPU (models/regrouped.py: aligned 2-D forms
     of the badly shaped 3-D convs, phase convolutions instead of upsample + conv, stacked same-input
     convs; equal up to rounding; the shared plain networks stay as loaded).
-    ``nhwc_norms``: the decoder's SPADE InstanceNorm statistics by accel/group_norm_nhwc.py's
-    kernel (channels-last activations; equal up to rounding; off until the GPU shows it pays).
+    ``nhwc_norms``: the decoder's SPADE norms by accel/group_norm_nhwc.py's kernels (channels-last
+    activations; with ``conv_rewrites`` the statistics, then norm + modulation + LeakyReLU in one
+    pass; else the statistics only; equal up to rounding; off until the GPU shows it pays).
     ``triton_convs``: warp's and decoder's 2-D convolutions by the Triton implicit-GEMM kernel
     (accel/igemm_conv.py) in half precision (``"half"``), in FP8 (Hopper+) with each input's scale
     from its amax on every call (``"fp8"``) or fixed once when the engine is built (``"fp8-static"``:
@@ -388,7 +389,9 @@ class DittoEngine(Engine):
             to_channels_last_(self._warp)
             to_channels_last_(self._decoder)
         self.nhwc_norms = bool(nhwc_norms)
-        if self.nhwc_norms:
+        if self.nhwc_norms and self.conv_rewrites:  # norm + modulation + LeakyReLU in one kernel
+            use_nhwc_spade_norms_(self._decoder)
+        elif self.nhwc_norms:  # the plain decoder: the InstanceNorms' statistics on the kernel
             self._decoder = with_nhwc_group_norms(self._decoder)[0]
         self.triton_convs, self._warp = with_triton_convs(self._warp, triton_convs, device, copied=self.conv_rewrites)
         _, self._decoder = with_triton_convs(self._decoder, self.triton_convs, device,

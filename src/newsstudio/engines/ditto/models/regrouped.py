@@ -14,7 +14,7 @@ Warp network (DenseMotionNetwork's 3-D hourglass):
 * the occlusion head (7x7 conv, 2,272 channels -> 1): one output channel fits no tensor-core
   tile, so it runs as :class:`TapSumConv2d` (a 1x1 conv to the 49 tap maps, then their shifted sum).
 
-SPADE decoder (16 SPADE norms, each ``relu(conv3x3(nearest(seg)))`` then gamma and beta convs):
+SPADE decoder (18 SPADE norms, each ``relu(conv3x3(nearest(seg)))`` then gamma and beta convs):
 * the shared convs of all norms that see the same resolution read the same ``seg``: one conv
   with their output channels stacked (12 norms of the middle blocks at 64x64; 3 + 3 norms of
   the up blocks as phase convolutions of the 64x64 ``seg`` for 128x128 and 256x256, 2.25x fewer
@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ....accel.depth_sliced_conv3d import DepthSlicedConv3d
+from ....accel.group_norm_nhwc import instance_norm_scale_shift, spade_norm_nhwc
 from ....accel.shared_copy import shared_copy
 from ....accel.tap_sum_conv import TapSumConv2d
 from ....accel.upsample_conv import PhaseUpsampleConv
@@ -35,7 +36,9 @@ from .blocks import SPADE, SPADEResnetBlock, UpBlock3d
 from .spade_decoder import SPADEDecoder
 from .warping_network import WarpingNetwork
 
-__all__ = ["RegroupedSPADEDecoder", "regrouped_warp"]
+__all__ = ["RegroupedSPADEDecoder", "regrouped_warp", "use_nhwc_spade_norms_"]
+
+LEAKY_SLOPE = 0.2  # SPADEResnetBlock's activation after its norms
 
 
 class PhaseUpBlock3d(nn.Module):
@@ -106,7 +109,9 @@ class _StackedConv(nn.Module):
 
 
 class _RegroupedSPADE(nn.Module):
-    """A SPADE norm whose shared activation comes from outside; gamma and beta in one conv."""
+    """A SPADE norm whose shared activation comes from outside; gamma and beta in one conv; the
+    LeakyReLU that follows it (``slope``) applied here, so that the NHWC kernels (``nhwc``, see
+    `use_nhwc_spade_norms_`) can do norm, modulation and activation in one pass."""
 
     def __init__(self, norm: SPADE) -> None:
         super().__init__()
@@ -114,10 +119,19 @@ class _RegroupedSPADE(nn.Module):
         self.channels = norm.mlp_gamma.out_channels
         gamma, beta = norm.mlp_gamma, norm.mlp_beta
         self.gamma_beta = _conv_from(*_stacked([gamma, beta]))
+        self.nhwc = False
 
-    def forward(self, x: torch.Tensor, actv: torch.Tensor) -> torch.Tensor:
+    def scale_shift(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The instance norm of ``x`` as a per-channel affine map (None: not on the NHWC kernels)."""
+        return instance_norm_scale_shift(x, self.param_free_norm.eps) if self.nhwc else None
+
+    def forward(self, x: torch.Tensor, actv: torch.Tensor, slope: float | None = None,
+                scale_shift: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        if self.nhwc:
+            return spade_norm_nhwc(x, self.gamma_beta(actv), self.param_free_norm.eps, slope, scale_shift)
         gamma, beta = torch.split(self.gamma_beta(actv), self.channels, dim=1)
-        return self.param_free_norm(x) * (1 + gamma) + beta
+        y = self.param_free_norm(x) * (1 + gamma) + beta
+        return y if slope is None else F.leaky_relu(y, slope)
 
 
 class _RegroupedBlock(nn.Module):
@@ -136,14 +150,25 @@ class _RegroupedBlock(nn.Module):
         return ([block.norm_s] if block.learned_shortcut else []) + [block.norm_0, block.norm_1]
 
     def forward(self, x: torch.Tensor, actvs: list[torch.Tensor]) -> torch.Tensor:
+        stats = self.norm_0.scale_shift(x)  # norm_s normalises the same x
         if self.learned_shortcut:
             a_s, a_0, a_1 = actvs
-            x_s = self.conv_s(self.norm_s(x, a_s))
+            x_s = self.conv_s(self.norm_s(x, a_s, scale_shift=stats))
         else:
             (a_0, a_1), x_s = actvs, x
-        dx = self.conv_0(F.leaky_relu(self.norm_0(x, a_0), 0.2))
-        dx = self.conv_1(F.leaky_relu(self.norm_1(dx, a_1), 0.2))
+        dx = self.conv_0(self.norm_0(x, a_0, LEAKY_SLOPE, stats))
+        dx = self.conv_1(self.norm_1(dx, a_1, LEAKY_SLOPE))
         return x_s + dx
+
+
+def use_nhwc_spade_norms_(decoder: nn.Module) -> int:
+    """Let the regrouped SPADE norms in ``decoder`` run on accel/group_norm_nhwc.py's kernels
+    (statistics, then norm + modulation + LeakyReLU in one pass; PyTorch's ops where the kernels
+    cannot run). In place; returns how many norms."""
+    norms = [m for m in decoder.modules() if isinstance(m, _RegroupedSPADE)]
+    for m in norms:
+        m.nhwc = True
+    return len(norms)
 
 
 class RegroupedSPADEDecoder(nn.Module):
