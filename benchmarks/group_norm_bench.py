@@ -2,7 +2,12 @@
 statistics kernel (accel/group_norm_nhwc.py) with Inductor fusing the rest, and vs the NHWC
 statistics and apply (+ SiLU) kernels both; all compiled.
 
-    python -m benchmarks.group_norm_bench [--batch 32] [--iters 20] [--quick] [--json out.json]
+    python -m benchmarks.group_norm_bench [--batch 32] [--iters 20] [--quick] [--spade] [--json out.json]
+
+``--spade``: Ditto's SPADE norms instead, ``leaky_relu(instance_norm(x) * (1 + gamma) + beta, 0.2)``
+with gamma and beta the halves of one stacked conv output, Inductor's kernels vs `spade_norm_nhwc`
+(statistics kernel, then one kernel for norm + modulation + activation), per shape and weighted by
+how many norms of that shape the decoder has.
 
 Shapes: the GroupNorms of MuseTalk's VAE decoder (32 groups of 128-512 channels at 32-256 pixels
 square) and UNet (320-1280 channels at 4-32), and Ditto's SPADE InstanceNorms (a group per channel).
@@ -29,6 +34,52 @@ SHAPES = (
     (512, 64, 512, "Ditto SPADE 64x64"), (256, 128, 256, "Ditto SPADE 128x128"), (64, 256, 64, "Ditto SPADE 256x256"),
 )
 QUICK_SHAPES = ((64, 16, 32, "quick"), (40, 8, 4, "quick, 10 channels a group"))
+# Ditto's SPADE norms: (channels, side, norms of this shape in the decoder, where)
+SPADE_SHAPES = ((512, 64, 12, "G_middle_0-5"), (512, 128, 2, "up_0 norm_s + norm_0"), (256, 128, 1, "up_0 norm_1"),
+                (256, 256, 2, "up_1 norm_s + norm_0"), (64, 256, 1, "up_1 norm_1"))
+QUICK_SPADE_SHAPES = ((32, 16, 1, "quick"),)
+
+
+def bench_spade_shape(c: int, side: int, batch: int, iters: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    from newsstudio.accel.group_norm_nhwc import spade_norm_nhwc
+
+    g = torch.Generator(device="cpu").manual_seed(c + side)
+    cl = torch.channels_last
+    x = (torch.randn(batch, c, side, side, generator=g) * 2 + 0.5).to(device, dtype).contiguous(memory_format=cl)
+    gb = (torch.randn(batch, 2 * c, side, side, generator=g) * 0.3).to(device, dtype).contiguous(memory_format=cl)
+
+    def plain(t, gb):
+        gamma, beta = torch.split(gb, c, dim=1)
+        return F.leaky_relu(F.instance_norm(t) * (1 + gamma) + beta, 0.2)
+
+    fns = {"inductor": torch.compile(plain, dynamic=False),
+           "nhwc": torch.compile(lambda t, gb: spade_norm_nhwc(t, gb, slope=0.2), dynamic=False)}
+    row: dict[str, Any] = {"channels": c, "side": side, "batch": batch, "MB": x.numel() * x.element_size() / 1e6}
+    with torch.inference_mode():
+        outs = {name: fn(x, gb) for name, fn in fns.items()}
+        row["max_abs_diff"] = (outs["inductor"].float() - outs["nhwc"].float()).abs().max().item()
+    least_bytes = 5 * x.numel() * x.element_size()  # x twice, gamma, beta, y
+    for name, fn in fns.items():
+        ms, _ = time_call(lambda fn=fn: fn(x, gb), device, iters)
+        row[f"{name}_ms"] = ms
+        row[f"{name}_GBps"] = least_bytes / ms / 1e6
+    return row
+
+
+def spade_table(args, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    rows = []
+    print("| where | C x side^2 | norms | MB | Inductor ms | GB/s | NHWC ms | GB/s | max diff |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for c, side, count, where in (QUICK_SPADE_SHAPES if args.quick else SPADE_SHAPES):
+        r = bench_spade_shape(c, side, args.batch, args.iters, device, dtype)
+        r.update(where=where, norms=count)
+        rows.append(r)
+        print(f"| {where} | {c} x {side}^2 | {count} | {r['MB']:.0f} | {r['inductor_ms']:.3f} | {r['inductor_GBps']:.0f} | "
+              f"{r['nhwc_ms']:.3f} | {r['nhwc_GBps']:.0f} | {r['max_abs_diff']:.1e} |", flush=True)
+    total = {k: sum(r[k] * r["norms"] for r in rows) for k in ("inductor_ms", "nhwc_ms")}
+    print(f"the decoder's norms (each shape times its count): Inductor {total['inductor_ms']:.2f} ms, "
+          f"NHWC {total['nhwc_ms']:.2f} ms per batch of {args.batch}")
+    return {"machine": machine(), "batch": args.batch, "dtype": str(dtype), "spade_rows": rows, "total": total}
 
 
 def bench_shape(c: int, side: int, groups: int, batch: int, iters: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
@@ -60,10 +111,15 @@ def main() -> dict[str, Any]:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--quick", action="store_true", help="two small shapes (a CPU run through Triton's interpreter)")
+    ap.add_argument("--spade", action="store_true", help="Ditto's SPADE norms (modulation + LeakyReLU) instead")
     ap.add_argument("--json")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.float16 if device.type == "cuda" else torch.float32
+    if args.spade:
+        out = spade_table(args, device, dtype)
+        write_json(args.json, out)
+        return out
     shapes = QUICK_SHAPES if args.quick else SHAPES
     rows = []
     print("| where | C x side^2 (groups) | MB | Inductor ms | GB/s | NHWC statistics ms | GB/s | + NHWC apply ms | GB/s | max diff |")

@@ -234,3 +234,25 @@ def test_group_norm_bench_compares_both_norms_per_shape(tmp_path):
     assert all(r["max_abs_diff"]["nhwc"] < 1e-4 and r["max_abs_diff"]["nhwc_apply"] < 1e-4 for r in rows)
     assert all(r["out_channels_last"] == {"inductor": True, "nhwc": True, "nhwc_apply": True} for r in rows)
     assert "| quick | 64 x 16^2 (32) |" in done.stdout
+
+
+@pytest.mark.skipif(shutil.which("g++") is None and not torch.cuda.is_available(), reason="Inductor on a CPU needs a C++ compiler")
+def test_group_norm_bench_times_the_spade_norms(tmp_path):
+    """benchmarks.group_norm_bench --spade: per SPADE shape Inductor's norm + modulation + LeakyReLU
+    against the NHWC kernels, compiled, the same result, and the decoder-weighted total."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "spade.json"
+    cmd = [sys.executable, "-m", "benchmarks.group_norm_bench", "--spade", "--quick", "--batch", "2", "--iters", "1",
+           "--json", str(out)]
+    done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(out.read_text())
+    (row,) = got["spade_rows"]
+    assert (row["channels"], row["side"], row["norms"]) == (32, 16, 1)
+    assert row["inductor_ms"] > 0 and row["nhwc_ms"] > 0 and row["max_abs_diff"] < 1e-4
+    assert got["total"]["nhwc_ms"] == row["nhwc_ms"]
+    assert "| quick | 32 x 16^2 | 1 |" in done.stdout
