@@ -1,6 +1,7 @@
 """Per shape: GroupNorm + SiLU of channels-last activations, Inductor's own kernels vs the NHWC
-statistics kernel (accel/group_norm_nhwc.py) with Inductor fusing the rest, and vs the NHWC
-statistics and apply (+ SiLU) kernels both; all compiled.
+statistics kernel (accel/group_norm_nhwc.py) with Inductor fusing the rest, vs the NHWC
+statistics and apply (+ SiLU) kernels both, and vs the same with the "streaming" statistics
+kernel; all compiled.
 
     python -m benchmarks.group_norm_bench [--batch 32] [--iters 20] [--quick] [--spade] [--json out.json]
 
@@ -53,11 +54,13 @@ def bench_spade_shape(c: int, side: int, batch: int, iters: int, device: torch.d
         return F.leaky_relu(F.instance_norm(t) * (1 + gamma) + beta, 0.2)
 
     fns = {"inductor": torch.compile(plain, dynamic=False),
-           "nhwc": torch.compile(lambda t, gb: spade_norm_nhwc(t, gb, slope=0.2), dynamic=False)}
+           "nhwc": torch.compile(lambda t, gb: spade_norm_nhwc(t, gb, slope=0.2, statistics="chunked"), dynamic=False),
+           "streaming": torch.compile(lambda t, gb: spade_norm_nhwc(t, gb, slope=0.2, statistics="streaming"), dynamic=False)}
     row: dict[str, Any] = {"channels": c, "side": side, "batch": batch, "MB": x.numel() * x.element_size() / 1e6}
     with torch.inference_mode():
         outs = {name: fn(x, gb) for name, fn in fns.items()}
-        row["max_abs_diff"] = (outs["inductor"].float() - outs["nhwc"].float()).abs().max().item()
+        row["max_abs_diff"] = max((outs["inductor"].float() - y.float()).abs().max().item()
+                                  for name, y in outs.items() if name != "inductor")
     least_bytes = 5 * x.numel() * x.element_size()  # x twice, gamma, beta, y
     for name, fn in fns.items():
         ms, _ = time_call(lambda fn=fn: fn(x, gb), device, iters)
@@ -68,22 +71,23 @@ def bench_spade_shape(c: int, side: int, batch: int, iters: int, device: torch.d
 
 def spade_table(args, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     rows = []
-    print("| where | C x side^2 | norms | MB | Inductor ms | GB/s | NHWC ms | GB/s | max diff |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| where | C x side^2 | norms | MB | Inductor ms | GB/s | NHWC ms | GB/s | NHWC streaming ms | GB/s | max diff |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for c, side, count, where in (QUICK_SPADE_SHAPES if args.quick else SPADE_SHAPES):
         r = bench_spade_shape(c, side, args.batch, args.iters, device, dtype)
         r.update(where=where, norms=count)
         rows.append(r)
         print(f"| {where} | {c} x {side}^2 | {count} | {r['MB']:.0f} | {r['inductor_ms']:.3f} | {r['inductor_GBps']:.0f} | "
-              f"{r['nhwc_ms']:.3f} | {r['nhwc_GBps']:.0f} | {r['max_abs_diff']:.1e} |", flush=True)
-    total = {k: sum(r[k] * r["norms"] for r in rows) for k in ("inductor_ms", "nhwc_ms")}
+              f"{r['nhwc_ms']:.3f} | {r['nhwc_GBps']:.0f} | {r['streaming_ms']:.3f} | {r['streaming_GBps']:.0f} | "
+              f"{r['max_abs_diff']:.1e} |", flush=True)
+    total = {k: sum(r[k] * r["norms"] for r in rows) for k in ("inductor_ms", "nhwc_ms", "streaming_ms")}
     print(f"the decoder's norms (each shape times its count): Inductor {total['inductor_ms']:.2f} ms, "
-          f"NHWC {total['nhwc_ms']:.2f} ms per batch of {args.batch}")
+          f"NHWC {total['nhwc_ms']:.2f} ms, NHWC streaming {total['streaming_ms']:.2f} ms per batch of {args.batch}")
     return {"machine": machine(), "batch": args.batch, "dtype": str(dtype), "spade_rows": rows, "total": total}
 
 
 def bench_shape(c: int, side: int, groups: int, batch: int, iters: int, device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
-    from newsstudio.accel.group_norm_nhwc import group_norm_nhwc
+    from newsstudio.accel.group_norm_nhwc import STATISTICS_KERNELS, group_norm_nhwc
 
     g = torch.Generator(device="cpu").manual_seed(c + side)
     x = (torch.randn(batch, c, side, side, generator=g) * 2 + 0.5).to(device, dtype).contiguous(memory_format=torch.channels_last)
@@ -91,8 +95,11 @@ def bench_shape(c: int, side: int, groups: int, batch: int, iters: int, device: 
     bias = torch.randn(c, generator=g).to(device, dtype)
     inductor = torch.compile(lambda t: F.silu(F.group_norm(t, groups, weight, bias, 1e-6)), dynamic=False)
     ours = torch.compile(lambda t: F.silu(group_norm_nhwc(t, groups, weight, bias, 1e-6)), dynamic=False)
-    both = torch.compile(lambda t: group_norm_nhwc(t, groups, weight, bias, 1e-6, silu=True, apply_kernel=True), dynamic=False)
-    fns = {"inductor": inductor, "nhwc": ours, "nhwc_apply": both}
+    fns = {"inductor": inductor, "nhwc": ours}
+    for stats in STATISTICS_KERNELS:
+        name = "nhwc_apply" if stats == "chunked" else f"{stats}_apply"
+        fns[name] = torch.compile(lambda t, stats=stats: group_norm_nhwc(
+            t, groups, weight, bias, 1e-6, silu=True, apply_kernel=True, statistics=stats), dynamic=False)
     row: dict[str, Any] = {"channels": c, "side": side, "groups": groups, "batch": batch, "MB": x.numel() * x.element_size() / 1e6}
     with torch.inference_mode():
         outs = {name: fn(x) for name, fn in fns.items()}
@@ -122,18 +129,19 @@ def main() -> dict[str, Any]:
         return out
     shapes = QUICK_SHAPES if args.quick else SHAPES
     rows = []
-    print("| where | C x side^2 (groups) | MB | Inductor ms | GB/s | NHWC statistics ms | GB/s | + NHWC apply ms | GB/s | max diff |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| where | C x side^2 (groups) | MB | Inductor ms | GB/s | NHWC statistics ms | GB/s | + NHWC apply ms | GB/s "
+          "| streaming statistics + apply ms | GB/s | max diff |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for c, side, groups, where in shapes:
         r = bench_shape(c, side, groups, args.batch, args.iters, device, dtype)
         r["where"] = where
         rows.append(r)
         print(f"| {where} | {c} x {side}^2 ({groups}) | {r['MB']:.0f} | {r['inductor_ms']:.3f} | {r['inductor_GBps']:.0f} | "
               f"{r['nhwc_ms']:.3f} | {r['nhwc_GBps']:.0f} | {r['nhwc_apply_ms']:.3f} | {r['nhwc_apply_GBps']:.0f} | "
-              f"{max(r['max_abs_diff'].values()):.1e} |", flush=True)
-    total = {k: sum(r[k] for r in rows) for k in ("inductor_ms", "nhwc_ms", "nhwc_apply_ms")}
+              f"{r['streaming_apply_ms']:.3f} | {r['streaming_apply_GBps']:.0f} | {max(r['max_abs_diff'].values()):.1e} |", flush=True)
+    total = {k: sum(r[k] for r in rows) for k in ("inductor_ms", "nhwc_ms", "nhwc_apply_ms", "streaming_apply_ms")}
     print(f"total (one call per shape): Inductor {total['inductor_ms']:.2f} ms, NHWC statistics {total['nhwc_ms']:.2f} ms, "
-          f"NHWC statistics + apply {total['nhwc_apply_ms']:.2f} ms")
+          f"NHWC statistics + apply {total['nhwc_apply_ms']:.2f} ms, streaming statistics + apply {total['streaming_apply_ms']:.2f} ms")
     out = {"machine": machine(), "batch": args.batch, "dtype": str(dtype), "rows": rows, "total": total}
     write_json(args.json, out)
     return out

@@ -278,12 +278,13 @@ class Lever:
     norm_silu: bool = False  # ... and the norms a SiLU follows apply it in its apply kernel (fuse_following_silu_)
     norm_min_side: int = 0  # ... only on maps of at least this side squared (PyTorch's norms on smaller ones)
     spade_norms: bool = False  # Ditto's regrouped SPADE norms: statistics, norm + modulation + LeakyReLU on the NHWC kernels
+    statistics: str = "chunked"  # the NHWC statistics kernel (accel/group_norm_nhwc.py STATISTICS_KERNELS)
     interleave: str = "channels_last"  # PhaseUpsampleConv's phase interleave (accel/upsample_conv.py INTERLEAVES)
     triton: str = "off"  # the network's convs on the Triton kernel: "half" | "fp8" | "fp8-static" | "mixed" (accel/igemm_conv.py)
     reference: bool = False
 
     def key(self) -> tuple:
-        return (self.dtype, self.channels_last, self.fp8, self.fold and self.dtype != "fp32", self.rewrite, self.interleave, self.nhwc_norms, self.norm_silu, self.norm_min_side, self.spade_norms, self.triton)
+        return (self.dtype, self.channels_last, self.fp8, self.fold and self.dtype != "fp32", self.rewrite, self.interleave, self.nhwc_norms, self.norm_silu, self.norm_min_side, self.spade_norms, self.statistics, self.triton)
 
 
 def levers_for(net: Net, half: str) -> list[Lever]:
@@ -319,8 +320,9 @@ def levers_for(net: Net, half: str) -> list[Lever]:
         out.append(Lever(f"{h} channels_last compile+cudagraph, conv rewrites, nhwc group norms", "half",
                          mode="compile+cudagraph", channels_last=True, rewrite=True, nhwc_norms=True))
         if net.name == "ditto":
-            out.append(Lever(f"{h} channels_last compile+cudagraph, conv rewrites, nhwc spade norms", "half",
-                             mode="compile+cudagraph", channels_last=True, rewrite=True, spade_norms=True))
+            out += [Lever(f"{h} channels_last compile+cudagraph, conv rewrites, nhwc spade norms" + suffix, "half",
+                          mode="compile+cudagraph", channels_last=True, rewrite=True, spade_norms=True, statistics=stats)
+                    for stats, suffix in (("chunked", ""), ("streaming", ", streaming statistics"))]
         if net.name == "vae":  # the phases interleaved in NCHW order (before 2026-12-05); the norms taking their SiLU (the engine's)
             out += [Lever(f"{h} channels_last compile+cudagraph, conv rewrites, nchw interleave", "half",
                           mode="compile+cudagraph", channels_last=True, rewrite=True, interleave="nchw"),
@@ -329,6 +331,9 @@ def levers_for(net: Net, half: str) -> list[Lever]:
             out += [Lever(f"{h} channels_last compile+cudagraph, conv rewrites, nhwc group norms + silu from {side}^2", "half",
                           mode="compile+cudagraph", channels_last=True, rewrite=True, nhwc_norms=True, norm_silu=True,
                           norm_min_side=side) for side in (64, 128, 256)]
+            out.append(Lever(f"{h} channels_last compile+cudagraph, conv rewrites, nhwc group norms + silu, streaming statistics",
+                             "half", mode="compile+cudagraph", channels_last=True, rewrite=True, nhwc_norms=True,
+                             norm_silu=True, statistics="streaming"))
             # the Triton convolution kernel, in the engine's configuration otherwise
             out += [Lever(f"{h} channels_last {mode}, conv rewrites, triton {t} convs", "half", mode=mode,
                           channels_last=True, rewrite=True, triton=t)
@@ -527,10 +532,10 @@ def run_network(net: Net, args, device: torch.device, half: str, peak: dict[str,
                 for mod in m.modules():
                     if isinstance(mod, PhaseUpsampleConv):
                         mod.interleave = lv.interleave
-            if lv.spade_norms and not use_nhwc_spade_norms_(m):
+            if lv.spade_norms and not use_nhwc_spade_norms_(m, lv.statistics):
                 raise RuntimeError("no regrouped SPADE norm to put on the kernels")
             if lv.nhwc_norms:
-                m = with_nhwc_group_norms(m, lv.norm_min_side ** 2)[0]
+                m = with_nhwc_group_norms(m, lv.norm_min_side ** 2, lv.statistics)[0]
                 if lv.norm_silu and not fuse_following_silu_(m):
                     raise RuntimeError("no norm takes a SiLU that follows it")
             dt = torch.float32 if lv.dtype == "fp32" else (half_dtype if lv.dtype == "half" else torch.bfloat16)

@@ -38,12 +38,13 @@ class KernelCalls(torch.utils._python_dispatch.TorchDispatchMode):
 @pytest.mark.parametrize("shape, groups", [((2, 128, 16, 16), 32), ((3, 64, 7, 5), 32), ((1, 32, 3, 3), 8),
                                            ((2, 16, 5, 9), 16), ((2, 40, 6, 6), 4), ((1, 24, 5, 3), 3)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_equals_group_norm(shape, groups, dtype):
+@pytest.mark.parametrize("statistics", gn.STATISTICS_KERNELS)
+def test_equals_group_norm(shape, groups, dtype, statistics):
     g = torch.Generator().manual_seed(sum(shape))
     x = _cl((torch.randn(shape, generator=g) * 3 + 5).to(dtype))
     weight, bias = torch.randn(shape[1], generator=g).to(DEVICE, dtype), torch.randn(shape[1], generator=g).to(DEVICE, dtype)
     with KernelCalls() as spy:
-        got = group_norm_nhwc(x, groups, weight, bias, 1e-6)
+        got = group_norm_nhwc(x, groups, weight, bias, 1e-6, statistics=statistics)
     assert spy.calls == 1
     ref = F.group_norm(x.double(), groups, weight.double(), bias.double(), 1e-6)
     assert got.dtype == dtype and got.is_contiguous(memory_format=torch.channels_last)
@@ -51,7 +52,7 @@ def test_equals_group_norm(shape, groups, dtype):
     torch.testing.assert_close(got.double(), ref, rtol=tol, atol=tol)
     # the optional apply kernel, with and without the SiLU that follows the decoders' norms
     for silu in (False, True):
-        got = group_norm_nhwc(x, groups, weight, bias, 1e-6, silu=silu, apply_kernel=True)
+        got = group_norm_nhwc(x, groups, weight, bias, 1e-6, silu=silu, apply_kernel=True, statistics=statistics)
         assert got.dtype == dtype and got.is_contiguous(memory_format=torch.channels_last)
         torch.testing.assert_close(got.double(), F.silu(ref) if silu else ref, rtol=tol, atol=tol)
 
@@ -84,7 +85,8 @@ def test_spade_norm_equals_instance_norm_modulated(dtype):
     torch.testing.assert_close(nchw.double(), F.leaky_relu(ref, 0.2), rtol=tol, atol=tol)
 
 
-def test_regrouped_spade_decoder_on_the_kernels_keeps_its_output():
+@pytest.mark.parametrize("statistics", gn.STATISTICS_KERNELS)
+def test_regrouped_spade_decoder_on_the_kernels_keeps_its_output(statistics):
     """Ditto's regrouped decoder with `use_nhwc_spade_norms_`: every SPADE norm through the
     modulation kernel (the learned shortcuts' two norms of one input share its statistics), the
     image that of the plain regrouped decoder."""
@@ -95,7 +97,7 @@ def test_regrouped_spade_decoder_on_the_kernels_keeps_its_output():
     dec = fill_seeded_(SPADEDecoder(block_expansion=16), salt=3).eval().fold_spectral_norm_().to(DEVICE)
     plain = RegroupedSPADEDecoder(dec).to(memory_format=torch.channels_last)
     fast = RegroupedSPADEDecoder(dec).to(memory_format=torch.channels_last)
-    assert use_nhwc_spade_norms_(fast) == 17  # 6 x 2 middle, up_0 with its shortcut 3, up_1 2 (64 -> 64 here)
+    assert use_nhwc_spade_norms_(fast, statistics) == 17  # 6 x 2 middle, up_0 with its shortcut 3, up_1 2 (64 -> 64 here)
     x = _cl(seeded_input("t.spade", (1, 64, 8, 8)))
     with torch.inference_mode(), KernelCalls() as spy:
         ref = plain.forward_logits(x)
@@ -104,17 +106,21 @@ def test_regrouped_spade_decoder_on_the_kernels_keeps_its_output():
     assert ((got - ref).norm() / ref.norm()).item() < 1e-5
 
 
-def test_splits_of_several_chunks_and_a_ragged_last_chunk(monkeypatch):
-    """Chan's merge within a program (chunks) and across programs (splits), a last chunk cut short:
-    still the exact statistics, also for a mean 1,000 standard deviations from zero (where
-    E[x^2] - E[x]^2 in float32 would have nothing left)."""
+@pytest.mark.parametrize("statistics", gn.STATISTICS_KERNELS)
+def test_splits_of_several_chunks_and_a_ragged_last_chunk(monkeypatch, statistics):
+    """Chan's merge within a program (chunks; "streaming": sums per element) and across programs
+    (splits), a last chunk cut short: still the exact statistics, also for a mean 1,000 standard
+    deviations from zero (where E[x^2] - E[x]^2 in float32 would have nothing left)."""
     monkeypatch.setattr(gn, "ELEMENTS_PER_CHUNK", 256)  # 8 pixels of 32 channels per chunk
+    monkeypatch.setattr(gn, "STREAMING_ELEMENTS_PER_CHUNK", 256)
     monkeypatch.setattr(gn, "SPLITS_PER_IMAGE", 3)  # ~5 chunks each
     monkeypatch.setattr(gn, "MIN_SPLIT_PIXELS", 8)
-    assert gn._layout(32, 11 * 11) == (8, 48, 3)
+    assert gn._layout(32, 11 * 11, statistics) == (8, 48, 3)
     g = torch.Generator().manual_seed(3)
     x = _cl(torch.randn(2, 32, 11, 11, generator=g) + 1000.0)
-    got = group_norm_nhwc(x, 8, eps=1e-6)
+    got = group_norm_nhwc(x, 8, eps=1e-6, statistics=statistics)
+    with pytest.raises(ValueError, match="statistics must be one of"):
+        group_norm_nhwc(x, 8, statistics="welford")
     ref = F.group_norm(x.double(), 8, eps=1e-6)
     torch.testing.assert_close(got.double(), ref, rtol=1e-3, atol=1e-3)
 
@@ -164,7 +170,8 @@ def test_vae_decoder_copy_matches_and_leaves_the_original_alone():
     assert ((got - ref).norm() / ref.norm()).item() < 1e-5
 
 
-def test_the_vae_decoder_s_norms_take_the_silu_that_follows_them():
+@pytest.mark.parametrize("statistics", gn.STATISTICS_KERNELS)
+def test_the_vae_decoder_s_norms_take_the_silu_that_follows_them(statistics):
     """`fuse_following_silu_`: each resnet's two norms and the output norm apply their SiLU in the
     apply kernel (the module's SiLU becomes an identity); the decoder's output stays the same."""
     from newsstudio.accel.group_norm_nhwc import fuse_following_silu_
@@ -173,7 +180,7 @@ def test_the_vae_decoder_s_norms_take_the_silu_that_follows_them():
 
     vae = random_vae(5, DEVICE, config=TINY_VAE_CONFIG)
     dec = vae.decoder.to(memory_format=torch.channels_last)
-    fast = with_nhwc_group_norms(dec)[0]
+    fast = with_nhwc_group_norms(dec, statistics=statistics)[0]
     resnets = [m for m in fast.modules() if type(m).__name__ == "ResnetBlock2D"]
     assert fuse_following_silu_(fast) == 2 * len(resnets) + 1
     assert all(isinstance(r.nonlinearity, nn.Identity) for r in resnets) and isinstance(fast.conv_act, nn.Identity)

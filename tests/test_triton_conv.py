@@ -420,11 +420,15 @@ def test_every_tile_the_autotuner_may_pick_compiles_for_hopper():
     assert {(r["kernel"], r["dtype"]) for r in tiles} == {(k, d) for k in ("pointer", "tma") for d in ("fp16", "fp8e4nv")}
     # the GroupNorm statistics kernel (accel/group_norm_nhwc.py) reads whole pixels in 16-byte loads
     # where the channels are a power of two (else masked lanes past C)
-    norms = {(r["shape"][0], r["dtype"]): r for r in records[:-1] if r["kernel"] == "group_norm_partials"}
+    norms = {(r["shape"][0], r["dtype"]): r for r in records[:-1] if r["kernel"] == "chunked"}
     assert len(norms) == 14 and all(r["loads"] for r in norms.values())
     assert all(norms[c, "fp16"]["vector_loads"] == norms[c, "fp16"]["loads"] for c in (64, 128, 256, 512))
-    applies = [r for r in records[:-1] if r["kernel"] == "norm_apply"]  # the optional apply (+ SiLU) kernel
-    assert len(applies) == 7 and all(r["vector_loads"] for r in applies)
+    # the streaming statistics kernel, the apply kernel and SPADE's modulation kernel for every channel count
+    others = [(r["kernel"], r["shape"][0]) for r in records[:-1] if r["kernel"] in ("streaming", "apply", "modulate")]
+    assert sorted(others) == sorted((k, c) for k in ("streaming", "apply", "modulate") for c in {c for c, _ in norms}
+                                    for _ in range(2 if k == "streaming" else 1))
+    # the apply (+ SiLU) and modulation (+ LeakyReLU) kernels load vectors
+    assert all(r["vector_loads"] for r in records[:-1] if r["kernel"] in ("apply", "modulate"))
     tma = [r for r in tiles if r["kernel"] == "tma"]
     assert tma and not any(r["operand_a_from_registers"] for r in tma)  # one-row boxes: the operand in place
 

@@ -141,9 +141,9 @@ def compile_layer(shape: LayerShape, dtype: torch.dtype, kernel: str, target_arc
 NORM_CHANNELS = (64, 128, 256, 512, 320, 640, 1280)
 
 
-def compile_group_norm(channels: int, dtype: torch.dtype, which: str = "partials", target_arch: int = 90) -> dict:
-    """Compile the statistics kernel (or the apply kernel, with SiLU) as a launch of it would: its
-    chunk of pixels, 4 warps."""
+def compile_group_norm(channels: int, dtype: torch.dtype, which: str = "chunked", target_arch: int = 90) -> dict:
+    """Compile a statistics kernel ("chunked", "streaming"), the apply kernel (with SiLU) or the SPADE
+    modulation kernel (with LeakyReLU) as a launch of it would: its chunk of pixels, 4 warps."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -152,18 +152,22 @@ def compile_group_norm(channels: int, dtype: torch.dtype, which: str = "partials
 
     kernel = gn._kernels()[which]
     params = list(inspect.signature(kernel.fn).parameters)
-    meta = {"C": channels, "BLOCK_C": gn._block_c(channels), "BLOCK_P": gn._layout(channels, 1 << 16)[0]}
-    if which == "partials":
-        sig = {"x_ptr": f"*{_TYPES[dtype]}", "out_ptr": "*fp32", "HW": "i32", "CHUNKS": "i32", "SPLITS": "i32"}
-    else:
+    block_p = gn._chunk_pixels(2 * channels) if which == "modulate" else gn._layout(channels, 1 << 16, which)[0]
+    meta = {"C": channels, "BLOCK_C": gn._block_c(channels), "BLOCK_P": block_p}
+    x, y = f"*{_TYPES[dtype]}", f"*{_TYPES[dtype]}"
+    if which in gn.STATISTICS_KERNELS:
+        sig = {"x_ptr": x, "out_ptr": "*fp32", "HW": "i32", "CHUNKS": "i32", "SPLITS": "i32"}
+    elif which == "apply":
         meta["SILU"] = True
-        sig = {"x_ptr": f"*{_TYPES[dtype]}", "scale_ptr": "*fp32", "shift_ptr": "*fp32", "y_ptr": f"*{_TYPES[dtype]}",
-               "HW": "i32"}
+        sig = {"x_ptr": x, "scale_ptr": "*fp32", "shift_ptr": "*fp32", "y_ptr": y, "HW": "i32"}
+    else:
+        meta["ACT"] = True
+        sig = {"x_ptr": x, "scale_ptr": "*fp32", "shift_ptr": "*fp32", "gb_ptr": x, "y_ptr": y, "HW": "i32", "slope": "fp32"}
     sig.update({k: "constexpr" for k in meta})
     attrs = {(params.index(p),): [["tt.divisibility", 16]] for p in params if sig[p].startswith("*") or p == "HW"}
     src = ASTSource(fn=kernel, signature={p: sig[p] for p in params},
                     constexprs={(params.index(k),): v for k, v in meta.items()}, attrs=attrs)
-    record = {"kernel": "group_norm_partials" if which == "partials" else "norm_apply", "dtype": _TYPES[dtype],
+    record = {"kernel": which, "dtype": _TYPES[dtype],
               "shape": [channels]}
     try:
         compiled = triton.compile(src, target=GPUTarget("cuda", target_arch, 32), options={"num_warps": 4})
@@ -190,7 +194,8 @@ def main() -> int:
                     failures += bad
                     print(json.dumps(record), flush=True)
     for channels in NORM_CHANNELS:
-        for dtype, which in ((torch.float16, "partials"), (torch.float32, "partials"), (torch.float16, "apply")):
+        for dtype, which in ((torch.float16, "chunked"), (torch.float32, "chunked"), (torch.float16, "streaming"),
+                             (torch.float32, "streaming"), (torch.float16, "apply"), (torch.float16, "modulate")):
             record = compile_group_norm(channels, dtype, which)
             count += 1
             failures += "error" in record or record["shared"] > SM90_SHARED_BYTES

@@ -1,11 +1,7 @@
-# For the next session (not yet run): Ditto's SPADE norms on the NHWC kernels (statistics, then norm + modulation +
-# LeakyReLU in one pass; commit after 6d5a2c4). (a) warp + decoder alone, compiled + graphed, batch 32, against the
-# engine's configuration and the fp32 reference; (b) the Ditto engine with ':gn' and without, one process each.
+# For the next session (not yet run; after next1.sh, if its levers rows show the SPADE norms pay): the Ditto engine
+# with its SPADE norms on the NHWC kernels (':gn') and without, one process each, reference skipped.
 . .carry/setup.sh; set -o pipefail; export PATH=/tmp/site/bin:$PATH
 L=${L:-580}
-R="fp16 channels_last compile+cudagraph, conv rewrites"
-timeout 240 python -m benchmarks.levers --only ditto --batch ditto=32 --budget 210 --json $OUT/levers_ditto_spade.json \
-  --levers "$R;$R, nhwc spade norms" 2>&1 | grep -v Warn | tee $OUT/levers_ditto_spade.log | grep "^|" | tail -8
 for v in compile+cudagraph:gn compile+cudagraph; do
   left=$((L - SECONDS)); [ $left -gt 150 ] || break
   name=ditto_$(echo $v | tr '+:' '__')

@@ -35,6 +35,12 @@ __all__ = ["NHWCGroupNorm", "fuse_following_silu_", "group_norm_nhwc", "instance
            "spade_norm_nhwc", "with_nhwc_group_norms"]
 
 ELEMENTS_PER_CHUNK = 8192  # pixels x channels one program holds in registers at once (fp32)
+# The statistics kernels: "chunked" (Chan's merge after every chunk: two cross-thread reductions per
+# chunk; measured on the H200) or "streaming" (shifted sums kept per element, one reduction at the
+# end, as Inductor's own reductions do; not yet timed: group_norm_bench times both)
+STATISTICS_KERNELS = ("chunked", "streaming")
+STATISTICS_KERNEL = "chunked"
+STREAMING_ELEMENTS_PER_CHUNK = 2048  # two fp32 accumulators per element stay in registers
 # pixel splits per image: at batch 32, 2,048 programs (several waves over an H200's 132 SMs). Not
 # derived from the batch size: the op's output shape would then depend on it, and torch.compile
 # guards on every such branch (three recompiles of the MuseTalk engine's warm-up, ~17 s each)
@@ -60,14 +66,16 @@ def kernel_fits(x: torch.Tensor, groups: int) -> bool:
     return x.is_contiguous(memory_format=torch.channels_last) and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
 
 
-def _chunk_pixels(c: int) -> int:
-    """Pixels one program holds at once (both kernels' BLOCK_P)."""
-    return max(1, ELEMENTS_PER_CHUNK // _block_c(c))
+def _chunk_pixels(c: int, elements: int | None = None) -> int:
+    """Pixels one program holds at once (the kernels' BLOCK_P) in ``elements`` (default
+    `ELEMENTS_PER_CHUNK`)."""
+    return max(1, (elements or ELEMENTS_PER_CHUNK) // _block_c(c))
 
 
-def _layout(c: int, hw: int) -> tuple[int, int, int]:
-    """(pixels per chunk, pixels per split, splits) for images of ``hw`` pixels of ``c`` channels."""
-    block_p = _chunk_pixels(c)
+def _layout(c: int, hw: int, kernel: str = "chunked") -> tuple[int, int, int]:
+    """(pixels per chunk, pixels per split, splits) for images of ``hw`` pixels of ``c`` channels
+    under the statistics ``kernel``."""
+    block_p = _chunk_pixels(c, STREAMING_ELEMENTS_PER_CHUNK if kernel == "streaming" else None)
     chunks = -(-hw // block_p)
     splits = max(1, min(chunks, SPLITS_PER_IMAGE, hw // MIN_SPLIT_PIXELS))
     per_split = -(-chunks // splits) * block_p
@@ -104,6 +112,38 @@ def _partials_kernel(x_ptr, out_ptr, HW, CHUNKS, SPLITS,
     row = out_ptr + ((n * SPLITS + s) * 3).to(tl.int64) * C
     tl.store(row + offs_c, count, mask=c_ok)
     tl.store(row + C + offs_c, mean, mask=c_ok)
+    tl.store(row + 2 * C + offs_c, m2, mask=c_ok)
+
+
+def _streaming_partials_kernel(x_ptr, out_ptr, HW, CHUNKS, SPLITS,
+                               C: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr):
+    """Program (image n, split s): as `_partials_kernel`, but each element of the chunk tile keeps
+    its own sums of ``x - shift`` and of its square over the chunks (no reduction in the loop), the
+    tile reduced once at the end. ``shift``: the split's first pixel, per channel, so that the sums
+    stay small beside a large mean (E[x^2] - E[x]^2 of the raw values would cancel)."""
+    n = tl.program_id(0)
+    s = tl.program_id(1)
+    start = s * CHUNKS * BLOCK_P  # < HW for every split (_layout)
+    offs_c = tl.arange(0, BLOCK_C)
+    c_ok = offs_c < C
+    image = x_ptr + n.to(tl.int64) * HW * C
+    shift = tl.load(image + start.to(tl.int64) * C + offs_c, mask=c_ok, other=0.0).to(tl.float32)
+    acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
+    acc_sq = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
+    for i in range(0, CHUNKS):
+        offs_p = start + i * BLOCK_P + tl.arange(0, BLOCK_P)
+        ok = (offs_p < HW)[:, None] & c_ok[None, :]
+        v = tl.load(image + offs_p.to(tl.int64)[:, None] * C + offs_c[None, :], mask=ok, other=0.0).to(tl.float32)
+        d = tl.where(ok, v - shift[None, :], 0.0)
+        acc += d
+        acc_sq += d * d
+    count = tl.minimum(HW - start, CHUNKS * BLOCK_P).to(tl.float32)
+    total = tl.sum(acc, axis=0)
+    mean_d = total / count
+    m2 = tl.maximum(tl.sum(acc_sq, axis=0) - total * mean_d, 0.0)
+    row = out_ptr + ((n * SPLITS + s) * 3).to(tl.int64) * C
+    tl.store(row + offs_c, tl.zeros((BLOCK_C,), dtype=tl.float32) + count, mask=c_ok)
+    tl.store(row + C + offs_c, shift + mean_d, mask=c_ok)
     tl.store(row + 2 * C + offs_c, m2, mask=c_ok)
 
 
@@ -153,33 +193,43 @@ def _modulate_kernel(x_ptr, scale_ptr, shift_ptr, gb_ptr, y_ptr, HW, slope,
 
 @functools.lru_cache(maxsize=None)
 def _kernels() -> dict:
-    """{"partials", "apply", "modulate"}: jitted on first use (``triton.jit`` reads TRITON_INTERPRET when it decorates)."""
+    """{"chunked", "streaming", "apply", "modulate"}: jitted on first use (``triton.jit`` reads
+    TRITON_INTERPRET when it decorates)."""
     if not triton_available():
         raise RuntimeError("the GroupNorm kernels need the 'triton' package")
     global tl
     tl = triton_conv.tl
     jit = triton_conv.triton.jit
-    return {"partials": jit(_partials_kernel), "apply": jit(_apply_kernel), "modulate": jit(_modulate_kernel)}
+    return {"chunked": jit(_partials_kernel), "streaming": jit(_streaming_partials_kernel), "apply": jit(_apply_kernel),
+            "modulate": jit(_modulate_kernel)}
 
 
 tl = None  # triton.language, bound by `_kernels` (Triton is imported on first use, see triton_conv.py)
 
 
 @torch.library.custom_op("newsstudio::group_norm_partials", mutates_args=(), tags=(EXACT_STRIDES,))
-def _group_norm_partials(x: torch.Tensor) -> torch.Tensor:
-    """[N, splits, 3, C] float32: count, mean, M2 of each channel over each pixel split."""
+def _group_norm_partials(x: torch.Tensor, kernel: str = "chunked") -> torch.Tensor:
+    """[N, splits, 3, C] float32: count, mean, M2 of each channel over each pixel split, by the
+    statistics ``kernel`` (`STATISTICS_KERNELS`)."""
     n, c, h, w = x.shape
-    block_p, per_split, splits = _layout(c, h * w)
+    block_p, per_split, splits = _layout(c, h * w, kernel)
     out = torch.empty((n, splits, 3, c), dtype=torch.float32, device=x.device)
     x = x.contiguous(memory_format=torch.channels_last)
-    _kernels()["partials"][(n, splits)](x, out, h * w, per_split // block_p, splits, C=c, BLOCK_C=_block_c(c), BLOCK_P=block_p)
+    _kernels()[kernel][(n, splits)](x, out, h * w, per_split // block_p, splits, C=c, BLOCK_C=_block_c(c), BLOCK_P=block_p)
     return out
 
 
 @_group_norm_partials.register_fake
-def _(x):
+def _(x, kernel="chunked"):
     n, c, h, w = x.shape
-    return x.new_empty((n, _layout(c, h * w)[2], 3, c), dtype=torch.float32)
+    return x.new_empty((n, _layout(c, h * w, kernel)[2], 3, c), dtype=torch.float32)
+
+
+def _partials(x: torch.Tensor, statistics: str | None) -> torch.Tensor:
+    kernel = statistics or STATISTICS_KERNEL
+    if kernel not in STATISTICS_KERNELS:
+        raise ValueError(f"statistics must be one of {STATISTICS_KERNELS}, got {kernel!r}")
+    return _group_norm_partials(x, kernel)
 
 
 @torch.library.custom_op("newsstudio::norm_apply_nhwc", mutates_args=(), tags=(EXACT_STRIDES,))
@@ -232,16 +282,18 @@ def _mean_rstd(partials: torch.Tensor, groups: int, eps: float) -> tuple[torch.T
 
 
 def group_norm_nhwc(x: torch.Tensor, groups: int, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-                    eps: float = 1e-5, *, silu: bool = False, apply_kernel: bool = False) -> torch.Tensor:
+                    eps: float = 1e-5, *, silu: bool = False, apply_kernel: bool = False,
+                    statistics: str | None = None) -> torch.Tensor:
     """``F.group_norm(x, groups, weight, bias, eps)`` (then ``F.silu`` with ``silu``) for a
     channels-last ``x``, statistics by the Triton kernel where `kernel_fits`; the result has ``x``'s
     dtype and layout. ``apply_kernel``: the normalisation (and SiLU) by a Triton kernel too instead of
-    tensor ops that torch.compile fuses with their neighbours (benchmarks/group_norm_bench.py times both)."""
+    tensor ops that torch.compile fuses with their neighbours (benchmarks/group_norm_bench.py times both).
+    ``statistics``: the statistics kernel (default `STATISTICS_KERNEL`)."""
     if not kernel_fits(x, groups):
         y = F.group_norm(x, groups, weight, bias, eps)
         return F.silu(y) if silu else y
     n, c = x.shape[:2]
-    mu, rstd = _mean_rstd(_group_norm_partials(x), groups, eps)
+    mu, rstd = _mean_rstd(_partials(x, statistics), groups, eps)
     scale = rstd.repeat_interleave(c // groups, dim=1)  # [N, C]
     if weight is not None:
         scale = scale * weight.float()
@@ -254,18 +306,20 @@ def group_norm_nhwc(x: torch.Tensor, groups: int, weight: torch.Tensor | None = 
     return F.silu(y) if silu else y
 
 
-def instance_norm_scale_shift(x: torch.Tensor, eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor] | None:
+def instance_norm_scale_shift(x: torch.Tensor, eps: float = 1e-5,
+                              statistics: str | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """A parameter-free InstanceNorm of channels-last ``x`` as [N, C] float32 ``(scale, shift)``
     (``x * scale + shift`` normalises) from the statistics kernel, or None where it cannot run (then
     `spade_norm_nhwc` takes PyTorch's path). Two norms of the same ``x`` can share it."""
     if not kernel_fits(x, x.shape[1]) or (torch.is_grad_enabled() and x.requires_grad):
         return None
-    mu, rstd = _mean_rstd(_group_norm_partials(x), x.shape[1], eps)
+    mu, rstd = _mean_rstd(_partials(x, statistics), x.shape[1], eps)
     return rstd, -mu * rstd
 
 
 def spade_norm_nhwc(x: torch.Tensor, gamma_beta: torch.Tensor, eps: float = 1e-5, slope: float | None = None,
-                    scale_shift: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                    scale_shift: tuple[torch.Tensor, torch.Tensor] | None = None,
+                    statistics: str | None = None) -> torch.Tensor:
     """SPADE's ``instance_norm(x) * (1 + gamma) + beta`` (then ``leaky_relu(., slope)``) with
     ``gamma_beta`` = gamma and beta stacked on the channels, as one Triton kernel after the
     statistics one where both run (``scale_shift``: `instance_norm_scale_shift` of ``x`` if already
@@ -274,7 +328,7 @@ def spade_norm_nhwc(x: torch.Tensor, gamma_beta: torch.Tensor, eps: float = 1e-5
     c = x.shape[1]
     fits = gamma_beta.shape == (x.shape[0], 2 * c, *x.shape[2:]) and gamma_beta.dtype == x.dtype
     if fits and scale_shift is None:
-        scale_shift = instance_norm_scale_shift(x, eps)
+        scale_shift = instance_norm_scale_shift(x, eps, statistics)
     if not fits or scale_shift is None or (torch.is_grad_enabled() and gamma_beta.requires_grad):
         gamma, beta = torch.split(gamma_beta, c, dim=1)
         y = F.instance_norm(x, eps=eps) * (1 + gamma) + beta
@@ -294,6 +348,7 @@ class NHWCGroupNorm(nn.Module):
         # maps of fewer pixels take PyTorch's norm (which Inductor compiles): alone, the kernels lose
         # to Inductor's on small maps (group_norm_bench: 2.5-6x on 32^2 and 16^2, H200)
         self.min_pixels = min_pixels
+        self.statistics: str | None = None  # the statistics kernel (None: STATISTICS_KERNEL)
         self.weight, self.bias = weight, bias
         self.instance = instance  # an InstanceNorm2d's replacement also takes one unbatched [C, H, W] image
         # the SiLU that follows this norm, taken in by `fuse_following_silu_` (then run by the apply kernel)
@@ -321,21 +376,24 @@ class NHWCGroupNorm(nn.Module):
         if x.dim() == 4 and x.shape[2] * x.shape[3] < self.min_pixels:
             y = F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
             return F.silu(y) if self.silu else y
-        return group_norm_nhwc(x, self.num_groups, self.weight, self.bias, self.eps, silu=self.silu, apply_kernel=self.silu)
+        return group_norm_nhwc(x, self.num_groups, self.weight, self.bias, self.eps, silu=self.silu, apply_kernel=self.silu,
+                               statistics=self.statistics)
 
     def extra_repr(self) -> str:
         return (f"{self.num_groups}, {self.num_channels}, eps={self.eps}" + (", then SiLU" if self.silu else "")
                 + (f", kernels from {self.min_pixels} pixels" if self.min_pixels else ""))
 
 
-def with_nhwc_group_norms(module: nn.Module, min_pixels: int = 0) -> tuple[nn.Module, int]:
+def with_nhwc_group_norms(module: nn.Module, min_pixels: int = 0,
+                          statistics: str | None = None) -> tuple[nn.Module, int]:
     """A copy of ``module`` (every parameter shared, see shared_copy.py) whose GroupNorm and
     InstanceNorm2d layers run as `NHWCGroupNorm` where `NHWCGroupNorm.replacing` takes them, and
-    how many; on maps of fewer than ``min_pixels`` pixels they run PyTorch's norm."""
+    how many; on maps of fewer than ``min_pixels`` pixels they run PyTorch's norm; ``statistics``:
+    the statistics kernel (default `STATISTICS_KERNEL`)."""
     def replacing(norm: nn.Module) -> NHWCGroupNorm | None:
         new = NHWCGroupNorm.replacing(norm)
         if new is not None:
-            new.min_pixels = min_pixels
+            new.min_pixels, new.statistics = min_pixels, statistics
         return new
 
     return shared_copy_replacing(module, replacing)

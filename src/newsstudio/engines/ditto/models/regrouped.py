@@ -120,15 +120,16 @@ class _RegroupedSPADE(nn.Module):
         gamma, beta = norm.mlp_gamma, norm.mlp_beta
         self.gamma_beta = _conv_from(*_stacked([gamma, beta]))
         self.nhwc = False
+        self.statistics: str | None = None  # the NHWC statistics kernel (None: its module's default)
 
     def scale_shift(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The instance norm of ``x`` as a per-channel affine map (None: not on the NHWC kernels)."""
-        return instance_norm_scale_shift(x, self.param_free_norm.eps) if self.nhwc else None
+        return instance_norm_scale_shift(x, self.param_free_norm.eps, self.statistics) if self.nhwc else None
 
     def forward(self, x: torch.Tensor, actv: torch.Tensor, slope: float | None = None,
                 scale_shift: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         if self.nhwc:
-            return spade_norm_nhwc(x, self.gamma_beta(actv), self.param_free_norm.eps, slope, scale_shift)
+            return spade_norm_nhwc(x, self.gamma_beta(actv), self.param_free_norm.eps, slope, scale_shift, self.statistics)
         gamma, beta = torch.split(self.gamma_beta(actv), self.channels, dim=1)
         y = self.param_free_norm(x) * (1 + gamma) + beta
         return y if slope is None else F.leaky_relu(y, slope)
@@ -161,13 +162,14 @@ class _RegroupedBlock(nn.Module):
         return x_s + dx
 
 
-def use_nhwc_spade_norms_(decoder: nn.Module) -> int:
+def use_nhwc_spade_norms_(decoder: nn.Module, statistics: str | None = None) -> int:
     """Let the regrouped SPADE norms in ``decoder`` run on accel/group_norm_nhwc.py's kernels
     (statistics, then norm + modulation + LeakyReLU in one pass; PyTorch's ops where the kernels
-    cannot run). In place; returns how many norms."""
+    cannot run; ``statistics``: the statistics kernel, default its module's). In place; returns
+    how many norms."""
     norms = [m for m in decoder.modules() if isinstance(m, _RegroupedSPADE)]
     for m in norms:
-        m.nhwc = True
+        m.nhwc, m.statistics = True, statistics
     return len(norms)
 
 
