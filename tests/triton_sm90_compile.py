@@ -152,7 +152,7 @@ def compile_group_norm(channels: int, dtype: torch.dtype, which: str = "chunked"
 
     kernel = gn._kernels()[which]
     params = list(inspect.signature(kernel.fn).parameters)
-    block_p = gn._chunk_pixels(2 * channels) if which == "modulate" else gn._layout(channels, 1 << 16, which)[0]
+    block_p = gn._modulate_pixels(channels) if which == "modulate" else gn._layout(channels, 1 << 16, which)[0]
     meta = {"C": channels, "BLOCK_C": gn._block_c(channels), "BLOCK_P": block_p}
     x, y = f"*{_TYPES[dtype]}", f"*{_TYPES[dtype]}"
     if which in gn.STATISTICS_KERNELS:
