@@ -32,7 +32,7 @@ from .shared_copy import shared_copy_replacing
 from .triton_conv import EXACT_STRIDES, interpreting, triton_available
 
 __all__ = ["NHWCGroupNorm", "fuse_following_silu_", "group_norm_nhwc", "instance_norm_scale_shift", "kernel_fits",
-           "spade_norm_nhwc", "with_nhwc_group_norms"]
+           "spade_modulate", "spade_norm_nhwc", "with_nhwc_group_norms"]
 
 ELEMENTS_PER_CHUNK = 8192  # pixels x channels one program holds in registers at once (fp32)
 # The statistics kernels: "chunked" (Chan's merge after every chunk: two cross-thread reductions per
@@ -289,13 +289,14 @@ def _mean_rstd(partials: torch.Tensor, groups: int, eps: float) -> tuple[torch.T
 
 def group_norm_nhwc(x: torch.Tensor, groups: int, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                     eps: float = 1e-5, *, silu: bool = False, apply_kernel: bool = False,
-                    statistics: str | None = None) -> torch.Tensor:
+                    statistics: str | None = None, min_pixels: int = 0) -> torch.Tensor:
     """``F.group_norm(x, groups, weight, bias, eps)`` (then ``F.silu`` with ``silu``) for a
     channels-last ``x``, statistics by the Triton kernel where `kernel_fits`; the result has ``x``'s
     dtype and layout. ``apply_kernel``: the normalisation (and SiLU) by a Triton kernel too instead of
     tensor ops that torch.compile fuses with their neighbours (benchmarks/group_norm_bench.py times both).
-    ``statistics``: the statistics kernel (default `STATISTICS_KERNEL`)."""
-    if not kernel_fits(x, groups):
+    ``statistics``: the statistics kernel (default `STATISTICS_KERNEL`); maps of fewer than
+    ``min_pixels`` pixels take PyTorch's norm."""
+    if not kernel_fits(x, groups) or x.shape[2] * x.shape[3] < min_pixels:
         y = F.group_norm(x, groups, weight, bias, eps)
         return F.silu(y) if silu else y
     n, c = x.shape[:2]
@@ -323,6 +324,14 @@ def instance_norm_scale_shift(x: torch.Tensor, eps: float = 1e-5,
     return rstd, -mu * rstd
 
 
+def spade_modulate(normalized: torch.Tensor, gamma_beta: torch.Tensor, slope: float | None = None) -> torch.Tensor:
+    """SPADE's modulation in PyTorch's ops: ``normalized * (1 + gamma) + beta`` (then
+    ``leaky_relu(., slope)``), gamma and beta the two halves of ``gamma_beta``'s channels."""
+    gamma, beta = torch.split(gamma_beta, normalized.shape[1], dim=1)
+    y = normalized * (1 + gamma) + beta
+    return y if slope is None else F.leaky_relu(y, slope)
+
+
 def spade_norm_nhwc(x: torch.Tensor, gamma_beta: torch.Tensor, eps: float = 1e-5, slope: float | None = None,
                     scale_shift: tuple[torch.Tensor, torch.Tensor] | None = None,
                     statistics: str | None = None) -> torch.Tensor:
@@ -336,9 +345,7 @@ def spade_norm_nhwc(x: torch.Tensor, gamma_beta: torch.Tensor, eps: float = 1e-5
     if fits and scale_shift is None:
         scale_shift = instance_norm_scale_shift(x, eps, statistics)
     if not fits or scale_shift is None or (torch.is_grad_enabled() and gamma_beta.requires_grad):
-        gamma, beta = torch.split(gamma_beta, c, dim=1)
-        y = F.instance_norm(x, eps=eps) * (1 + gamma) + beta
-        return y if slope is None else F.leaky_relu(y, slope)
+        return spade_modulate(F.instance_norm(x, eps=eps), gamma_beta, slope)
     return _spade_modulate(x, scale_shift[0], scale_shift[1], gamma_beta, slope)
 
 
@@ -348,12 +355,12 @@ class NHWCGroupNorm(nn.Module):
     computed by `group_norm_nhwc`."""
 
     def __init__(self, num_groups: int, num_channels: int, eps: float, weight: nn.Parameter | None = None,
-                 bias: nn.Parameter | None = None, instance: bool = False, min_pixels: int = 0) -> None:
+                 bias: nn.Parameter | None = None, instance: bool = False) -> None:
         super().__init__()
         self.num_groups, self.num_channels, self.eps = num_groups, num_channels, eps
         # maps of fewer pixels take PyTorch's norm (which Inductor compiles): alone, the kernels lose
         # to Inductor's on small maps (group_norm_bench: 2.5-6x on 32^2 and 16^2, H200)
-        self.min_pixels = min_pixels
+        self.min_pixels = 0
         self.statistics: str | None = None  # the statistics kernel (None: STATISTICS_KERNEL)
         self.weight, self.bias = weight, bias
         self.instance = instance  # an InstanceNorm2d's replacement also takes one unbatched [C, H, W] image
@@ -379,11 +386,8 @@ class NHWCGroupNorm(nn.Module):
             return self(x[None])[0]
         if x.dim() < 2 or x.shape[1] != self.num_channels:  # other ranks (attention's [N, C, L]): F.group_norm
             raise ValueError(f"expected [N, {self.num_channels}, ...], got {tuple(x.shape)}")
-        if x.dim() == 4 and x.shape[2] * x.shape[3] < self.min_pixels:
-            y = F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
-            return F.silu(y) if self.silu else y
         return group_norm_nhwc(x, self.num_groups, self.weight, self.bias, self.eps, silu=self.silu, apply_kernel=self.silu,
-                               statistics=self.statistics)
+                               statistics=self.statistics, min_pixels=self.min_pixels)
 
     def extra_repr(self) -> str:
         return (f"{self.num_groups}, {self.num_channels}, eps={self.eps}" + (", then SiLU" if self.silu else "")

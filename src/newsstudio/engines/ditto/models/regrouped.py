@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ....accel.depth_sliced_conv3d import DepthSlicedConv3d
-from ....accel.group_norm_nhwc import instance_norm_scale_shift, spade_norm_nhwc
+from ....accel.group_norm_nhwc import instance_norm_scale_shift, spade_modulate, spade_norm_nhwc
 from ....accel.shared_copy import shared_copy
 from ....accel.tap_sum_conv import TapSumConv2d
 from ....accel.upsample_conv import PhaseUpsampleConv
@@ -116,7 +116,6 @@ class _RegroupedSPADE(nn.Module):
     def __init__(self, norm: SPADE) -> None:
         super().__init__()
         self.param_free_norm = norm.param_free_norm
-        self.channels = norm.mlp_gamma.out_channels
         gamma, beta = norm.mlp_gamma, norm.mlp_beta
         self.gamma_beta = _conv_from(*_stacked([gamma, beta]))
         self.nhwc = False
@@ -130,9 +129,7 @@ class _RegroupedSPADE(nn.Module):
                 scale_shift: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         if self.nhwc:
             return spade_norm_nhwc(x, self.gamma_beta(actv), self.param_free_norm.eps, slope, scale_shift, self.statistics)
-        gamma, beta = torch.split(self.gamma_beta(actv), self.channels, dim=1)
-        y = self.param_free_norm(x) * (1 + gamma) + beta
-        return y if slope is None else F.leaky_relu(y, slope)
+        return spade_modulate(self.param_free_norm(x), self.gamma_beta(actv), slope)
 
 
 class _RegroupedBlock(nn.Module):
