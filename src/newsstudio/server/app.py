@@ -358,7 +358,7 @@ def create_app(cfg: ServerConfig | None = None) -> FastAPI:
             sound = await run_in_threadpool(state.tts.synthesize, body.text, body.voice)
         except Exception as e:  # noqa: BLE001
             raise HTTPException(422, f"text to speech failed: {e}") from None
-        from ..live import speech_seconds
+        from ..audio.speech import speech_seconds
 
         return await _say(s, sound, speech_seconds(sound.samples, sound.sample_rate))
 
