@@ -157,9 +157,9 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
                 cfg.compose = mode
                 state.engines.set_compose(mode)
             if rows is not None:  # read by each new MuseTalk conditioner (one per utterance)
-                from newsstudio.engines.musetalk import engine as musetalk_engine
+                from newsstudio.engines.musetalk import frame_queues as musetalk_queues
 
-                musetalk_engine.LIVE_UPDATE_ROWS = rows
+                musetalk_queues.LIVE_UPDATE_ROWS = rows
 
         label = ", ".join(part for part in (
             f"switch interval {(si if si is not None else sys.getswitchinterval()) * 1e3:g} ms",
@@ -179,10 +179,10 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
 def live_update_rows() -> int | None:
     """MuseTalk's live feature step in force in this process (None where MuseTalk cannot load)."""
     try:
-        from newsstudio.engines.musetalk import engine as musetalk_engine
+        from newsstudio.engines.musetalk import frame_queues as musetalk_queues
     except ImportError:
         return None
-    return musetalk_engine.LIVE_UPDATE_ROWS
+    return musetalk_queues.LIVE_UPDATE_ROWS
 
 
 def load_speech(path: str | None) -> tuple[np.ndarray, int]:

@@ -23,10 +23,8 @@ clipped to the frame; non-integer frame rates (29.97) use the exact frame times 
 from __future__ import annotations
 
 import copy
-import math
 import threading
 from collections import OrderedDict
-from fractions import Fraction
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -40,14 +38,12 @@ from ...accel.precision import to_channels_last_
 from ...accel.settings import resolve_accel
 from ...accel.static import BucketedRunner, render_buckets
 from ...accel.upsample_conv import with_phase_upsampling
-from ...audio.source import as_fraction, frames_for_samples
 from ...avatar.packet import Packet, PacketError
-from ..base import (AvatarLayer, Engine, FrameQueue, TensorFrameQueue, neural_defaults, same_layer_runs,
-                    warn_random_weights)
+from ..base import AvatarLayer, Engine, FrameQueue, neural_defaults, same_layer_runs, warn_random_weights
 from ..batching import TensorBatcher
 from ..model_cache import ModelCache
-from .audio_features import (SAMPLE_RATE, PositionalEncoding, StatesFn, StreamingAudioFeatures, audio_prompts,
-                             encoder_hidden_states, log_mel)
+from .audio_features import SAMPLE_RATE, PositionalEncoding, audio_prompts, encoder_hidden_states, log_mel
+from .frame_queues import MuseTalkConditioner
 from .prebake import (PrebakeOptions, box_grid_axes, grid_from_axes, prebake_mismatch, prebake_musetalk,
                       resize_with_grid, vae_fingerprint)
 from .vae import latents_for_unet, scaling_factor_of
@@ -67,7 +63,6 @@ TINY_UNET_CONFIG: dict[str, Any] = {**UNET_CONFIG, "block_out_channels": [32, 64
 TINY_VAE_CONFIG: dict[str, Any] = {**VAE_CONFIG, "block_out_channels": [32, 32, 64, 64], "layers_per_block": 1}
 
 LAYER_CACHE_SIZE = 4  # avatars kept on the device at once (each: latents + float masks, ~1 MB/frame at 1080p)
-PROMPT_ROWS = 10  # 20 ms encoder rows per frame window (+-2 frames at 25 fps)
 BISENET_FILE = Path("face-parse-bisent") / "79999_iter.pth"
 
 _MODELS: ModelCache[MuseTalkModels] = ModelCache(2)
@@ -105,115 +100,6 @@ def get_models(weights: str, models_dir: Path | None, version: str, salt: int, d
 
     key = _cache_key(weights, models_dir, version, salt, device, dtype, unet_config, vae_config, channels_last)
     return _MODELS.get(key, build)
-
-
-# --------------------------------------------------------------------------------- conditioner
-
-LIVE_UPDATE_ROWS = 5  # 20 ms Whisper rows per live feature update
-
-
-class MuseTalkConditioner(FrameQueue):
-    """PCM chunks (16 kHz mono float32) in, per-frame prompts ``(50, 384)`` out.
-
-    The streaming extractor is run on the 20 ms row grid (one "frame" per encoder row, windows of
-    10 rows starting ``2*ceil(50/fps)`` rows early), and output frame ``i`` takes row window
-    ``floor(i * 50 / fps)``: for integer fps exactly the official window (same float arithmetic),
-    for 29.97 etc. the exact frame time instead of the official ``int(fps)`` (which would drift by
-    3 %). The frame count is the runner's ``ceil(duration * fps)``: frames past the reference's
-    ``floor`` get the window continued with zero rows, as the reference pads.
-    """
-
-    def __init__(self, encoder: torch.nn.Module, fps: float | Fraction, sample_rate: int = SAMPLE_RATE,
-                 states_fn: StatesFn | None = None):
-        if sample_rate != SAMPLE_RATE:
-            raise ValueError(f"MuseTalk's Whisper features need {SAMPLE_RATE} Hz audio, got {sample_rate}")
-        self.fps = as_fraction(fps)
-        if self.fps.denominator == 1:
-            self._m: float | Fraction = 50 / int(self.fps)  # Python float, as the reference
-        else:
-            self._m = Fraction(50) / self.fps
-        pad_left = 2 * math.ceil(self._m)
-        # Each update re-encodes the partial 30 s piece (~6 ms on an H200): batch live updates to
-        # LIVE_UPDATE_ROWS rows (100 ms) so a live stream costs ~10 encoder runs/s, not 50.
-        self.extractor = StreamingAudioFeatures(encoder, 50, left=pad_left, right=PROMPT_ROWS // 2 - 1 - pad_left,
-                                                min_frames_per_update=LIVE_UPDATE_ROWS, states_fn=states_fn)
-        if self.extractor.windowing.length != PROMPT_ROWS or self.extractor.windowing.pad_left != pad_left:
-            raise RuntimeError("unexpected window geometry from StreamingAudioFeatures")
-        p = next(encoder.parameters())
-        self._hidden = int(encoder.config.d_model)
-        self._device, self._dtype = p.device, p.dtype
-        self._buf: torch.Tensor | None = None  # row windows j = _lo ... _lo + len - 1
-        self._lo = 0
-        self._rows_emitted = 0  # row windows the extractor has produced so far
-        self._next = 0  # next output frame
-        self._samples = 0
-        self._queue = TensorFrameQueue()
-        self.closed = False
-
-    def row_of(self, i: int) -> int:
-        return math.floor(i * self._m)
-
-    def _append(self, windows: torch.Tensor) -> None:
-        if windows.shape[0] == 0:
-            return
-        self._buf = windows if self._buf is None or self._buf.shape[0] == 0 else torch.cat([self._buf, windows])
-        self._rows_emitted += int(windows.shape[0])
-
-    def _window(self, j: int) -> torch.Tensor:
-        """Row window j; past the last row the previous window shifted with zero rows (exact)."""
-        last = self._rows_emitted - 1
-        if j <= last:
-            return self._buf[j - self._lo]
-        per_row = self._buf.shape[1] // PROMPT_ROWS if self._buf is not None and self._buf.shape[0] else 5
-        out = torch.zeros((PROMPT_ROWS * per_row, self._hidden), device=self._device, dtype=self._dtype)
-        shift = j - last
-        if last >= 0 and shift < PROMPT_ROWS:
-            out[: (PROMPT_ROWS - shift) * per_row] = self._buf[last - self._lo][shift * per_row:]
-        return out
-
-    def _drain(self, final: bool) -> None:
-        total = frames_for_samples(self._samples, SAMPLE_RATE, self.fps) if final else None
-        picked: list[torch.Tensor] = []
-        while True:
-            i = self._next
-            if total is not None and i >= total:
-                break
-            j = self.row_of(i)
-            if j >= self._rows_emitted and not final:
-                break
-            picked.append(self._window(j))
-            self._next += 1
-        if picked:
-            self._queue.push(torch.stack(picked))
-        keep_from = self.row_of(self._next)
-        if self._buf is not None and not final and keep_from > self._lo:
-            k = min(keep_from - self._lo, self._buf.shape[0] - 1)  # keep the last window for zero continuation
-            if k > 0:
-                self._buf = self._buf[k:]
-                self._lo += k
-
-    def push(self, value: Any) -> None:
-        if self.closed:
-            raise RuntimeError("push() after close()")
-        pcm = np.asarray(value.detach().cpu() if isinstance(value, torch.Tensor) else value, np.float32).reshape(-1)
-        self._samples += int(pcm.shape[0])
-        self._append(self.extractor.push(pcm))
-        self._drain(final=False)
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self._append(self.extractor.finish())
-        self._drain(final=True)
-        self._queue.close()
-
-    @property
-    def ready(self) -> int:
-        return self._queue.ready
-
-    def take(self, n: int) -> torch.Tensor:
-        return self._queue.take(n)
 
 
 # ------------------------------------------------------------------------------------- engine
