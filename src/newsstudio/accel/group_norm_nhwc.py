@@ -214,21 +214,22 @@ tl = None  # triton.language, bound by `_kernels` (Triton is imported on first u
 
 
 @torch.library.custom_op("newsstudio::group_norm_partials", mutates_args=(), tags=(EXACT_STRIDES,))
-def _group_norm_partials(x: torch.Tensor, kernel: str = "chunked") -> torch.Tensor:
+def _group_norm_partials(x: torch.Tensor, method: str) -> torch.Tensor:
     """[N, splits, 3, C] float32: count, mean, M2 of each channel over each pixel split, by the
-    statistics ``kernel`` (`STATISTICS_KERNELS`)."""
+    statistics kernel ``method`` (`STATISTICS_KERNELS`). (Not named ``kernel``: Inductor's fallback
+    for a custom op passes its arguments as keywords to ``FallbackKernel.create(kernel, ...)``.)"""
     n, c, h, w = x.shape
-    block_p, per_split, splits = _layout(c, h * w, kernel)
+    block_p, per_split, splits = _layout(c, h * w, method)
     out = torch.empty((n, splits, 3, c), dtype=torch.float32, device=x.device)
     x = x.contiguous(memory_format=torch.channels_last)
-    _kernels()[kernel][(n, splits)](x, out, h * w, per_split // block_p, splits, C=c, BLOCK_C=_block_c(c), BLOCK_P=block_p)
+    _kernels()[method][(n, splits)](x, out, h * w, per_split // block_p, splits, C=c, BLOCK_C=_block_c(c), BLOCK_P=block_p)
     return out
 
 
 @_group_norm_partials.register_fake
-def _(x, kernel="chunked"):
+def _(x, method):
     n, c, h, w = x.shape
-    return x.new_empty((n, _layout(c, h * w, kernel)[2], 3, c), dtype=torch.float32)
+    return x.new_empty((n, _layout(c, h * w, method)[2], 3, c), dtype=torch.float32)
 
 
 def _partials(x: torch.Tensor, statistics: str | None) -> torch.Tensor:
