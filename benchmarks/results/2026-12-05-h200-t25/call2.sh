@@ -1,11 +1,17 @@
-# Not run (the device was refused for the rest of the twenty-fourth session); for the next one: 16 MuseTalk live streams at 30 fps with the engine's new defaults (the decoder's NHWC
-# norms on; their pixel splits no longer depend on the batch, so no recompiles per batch size), the eighteenth
-# session's settings (ZZ3), two 20 s levels; Dynamo's recompile log on (the server's time to ready shows the warm-up).
+# Twenty-fifth session, device call W2 (after W1 found the default statistics op failing to lower under Inductor; fixed by
+# renaming its argument). (a) The MuseTalk engine with its defaults (the decoder's NHWC norms on, chunked statistics)
+# from a cold machine: does it compile, how long is its warm-up, how many recompiles. (b) The VAE decoder alone: NHWC
+# norms with chunked vs streaming statistics against PyTorch's norms, same run. (c) The engine without the norms.
 . .carry/setup.sh; set -o pipefail; export PATH=/tmp/site/bin:$PATH
-L=${L:-430}
-TORCH_LOGS=recompiles timeout $L python -m benchmarks.load_test --engine musetalk --fps 30 --weights random \
-  --size 1080 --accel compile+cudagraph --client-processes 4 --render-aheads 16 --render-leads 0.5 --send-on-clock on \
-  --live-update-rows 10 --chunk-frames 4 --warm-up-s 5 --duration 20 --sessions 16,16 --json $OUT/load_musetalk16.json \
-  2>&1 | grep -v Warn | tee $OUT/load_musetalk16.log | grep -v "^V1\|^\s" | tail -30
-echo "recompiles: $(grep -c 'Recompiling function' $OUT/load_musetalk16.log)"
+L=${L:-570}
+TORCH_LOGS=recompiles timeout 300 python -m benchmarks.musetalk_bench --size 1080x1920 --repeat 2 --skip-reference \
+  --variants compile+cudagraph --json $OUT/musetalk_default.json 2>&1 | grep -v Warn | tee $OUT/musetalk_default.log | grep "\[musetalk\]\|^|\|Error\|error" | tail -16
+echo "recompiles: $(grep -c 'Recompiling function' $OUT/musetalk_default.log) at $SECONDS s"
+R="fp16 channels_last compile+cudagraph, conv rewrites"
+timeout 140 python -m benchmarks.levers --only vae --batch vae=32 --budget 125 --json $OUT/levers_vae5.json \
+  --levers "$R;$R, nhwc group norms + silu;$R, nhwc group norms + silu, streaming statistics" \
+  2>&1 | grep -v Warn | tee $OUT/levers_vae5.log | grep "^|\|Error" | tail -6
+left=$((L - SECONDS))
+[ $left -gt 120 ] && timeout $left python -m benchmarks.musetalk_bench --size 1080x1920 --repeat 2 --skip-reference \
+  --variants compile+cudagraph:nogn --json $OUT/musetalk_nogn.json 2>&1 | grep -v Warn | tee $OUT/musetalk_nogn.log | grep "\[musetalk\]\|^|" | tail -16
 echo "done at $SECONDS s"
