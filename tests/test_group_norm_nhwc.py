@@ -267,6 +267,19 @@ def test_inductor_compiles_a_resnet_step_around_the_op():
     torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.skipif(shutil.which("g++") is None and not torch.cuda.is_available(), reason="Inductor on a CPU needs a C++ compiler")
+@pytest.mark.parametrize("statistics", gn.STATISTICS_KERNELS)
+def test_inductor_lowers_the_op_with_either_statistics_kernel(statistics):
+    """Inductor lowers the op through its fallback, which hands the op's arguments on as keywords:
+    an argument named like one of the fallback's own (``kernel``) failed every GPU compile once
+    (twenty-fifth session, run W1), so this compiles the op as the engines do, with each kernel."""
+    weight, bias = torch.rand(32, device=DEVICE) + 0.5, torch.randn(32, device=DEVICE)
+    x = _cl(torch.randn(2, 32, 8, 8))
+    fn = torch.compile(lambda t: F.silu(group_norm_nhwc(t, 8, weight, bias, statistics=statistics)), backend="inductor")
+    with torch._inductor.config.patch(force_disable_caches=True):  # a cached graph would skip the lowering
+        torch.testing.assert_close(fn(x), F.silu(F.group_norm(x, 8, weight, bias)), rtol=1e-4, atol=1e-4)
+
+
 def test_engines_run_their_norms_on_the_kernel_with_the_same_frames(monkeypatch):
     """``nhwc_norms=True`` (variant flag ':gn'): MuseTalk's decoder GroupNorms and Ditto's SPADE
     InstanceNorms go through the kernel; the rendered faces stay those of the plain engine."""
@@ -278,7 +291,9 @@ def test_engines_run_their_norms_on_the_kernel_with_the_same_frames(monkeypatch)
 
     musetalk = dict(weights="random", vae_config=TINY_VAE_CONFIG, unet_config=TINY_UNET_CONFIG, channels_last=True)
     ditto = dict(weights="random", input_size=128, hubert_layers=2, steps=2, channels_last=True)
-    for make, kw, render in ((MuseTalkEngine, musetalk, "_faces"), (DittoEngine, ditto, "_crops")):
+    # tolerance on the [0, 255] scale: rounding; Ditto's seeded network amplifies any rounding (its fp16 path is
+    # 1.3e-1 from fp32, RESULTS.md sixth session), and both statistics kernels agree with float64 to ~1e-6 relative
+    for make, kw, render, tol in ((MuseTalkEngine, musetalk, "_faces", 1.0), (DittoEngine, ditto, "_crops", 2.0)):
         plain, fast = make(DEVICE, **kw), make(DEVICE, nhwc_norms=True, **kw)
         batch = plain.calibration_batch(2)
         with torch.inference_mode():
@@ -286,4 +301,4 @@ def test_engines_run_their_norms_on_the_kernel_with_the_same_frames(monkeypatch)
             with KernelCalls() as spy:
                 got = getattr(fast, render)(*batch)
         assert spy.calls > 0, make.__name__
-        assert (got - ref).abs().max().item() <= 1.0, make.__name__  # [0, 255] scale, rounding
+        assert (got - ref).abs().max().item() <= tol, make.__name__
