@@ -142,7 +142,8 @@ class DittoEngine(Engine):
     convs; equal up to rounding; the shared plain networks stay as loaded).
     ``nhwc_norms``: the decoder's SPADE norms by accel/group_norm_nhwc.py's kernels (channels-last
     activations; with ``conv_rewrites`` the statistics, then norm + modulation + LeakyReLU in one
-    pass; else the statistics only; equal up to rounding; off until the GPU shows it pays).
+    pass; else the statistics only; equal up to rounding; off: 4-6 % slower than Inductor's fused instance norm on
+    an H100, benchmarks/RESULTS.md twenty-fifth session).
     ``triton_convs``: warp's and decoder's 2-D convolutions by the Triton implicit-GEMM kernel
     (accel/igemm_conv.py) in half precision (``"half"``), in FP8 (Hopper+) with each input's scale
     from its amax on every call (``"fp8"``) or fixed once when the engine is built (``"fp8-static"``:
