@@ -341,6 +341,11 @@ def levers_for(net: Net, half: str) -> list[Lever]:
             out += [Lever(f"{h} channels_last compile+cudagraph, conv rewrites, triton {t} convs, nhwc group norms", "half",
                           mode="compile+cudagraph", channels_last=True, rewrite=True, triton=t, nhwc_norms=True)
                     for t in ("half", "mixed")]
+            # ... and in the engine's own decoder configuration (norms taking their SiLU, streaming statistics)
+            out += [Lever(f"{h} channels_last compile+cudagraph, conv rewrites, triton {t} convs, nhwc group norms + silu, "
+                          "streaming statistics", "half", mode="compile+cudagraph", channels_last=True, rewrite=True,
+                          triton=t, nhwc_norms=True, norm_silu=True, statistics="streaming")
+                    for t in ("half", "mixed")]
     return out
 
 
