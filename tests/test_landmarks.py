@@ -14,6 +14,9 @@ from newsstudio.avatar.landmarks_68 import (  # noqa: E402
     _MIRROR_PAIRS, IBUG_MIRROR, JAW_CHAIN_RIGHT, LM68_FROM_MESH, MIRROR, lm68_weights,
     mesh_to_lm68,
 )
+from newsstudio.avatar.face_metrics import face_height, mouth_opening, mouth_opening_mesh, mouth_width  # noqa: E402
+from newsstudio.avatar.mediapipe_mesh import MediaPipeFaceMesh  # noqa: E402
+from newsstudio.avatar.one_euro import OneEuroFilter  # noqa: E402
 from conftest import media_path  # noqa: E402
 
 
@@ -178,9 +181,9 @@ def test_lips_are_on_the_lips(backend, portrait, yongen30):
 def test_small_face_found_through_full_range_fallback(portrait):
     canvas = np.full((1920, 1080, 3), 90, np.uint8)
     canvas[500:750, 300:550] = cv2.resize(portrait, (250, 250), interpolation=cv2.INTER_AREA)
-    with L.MediaPipeFaceMesh(small_face_fallback=False) as plain:
+    with MediaPipeFaceMesh(small_face_fallback=False) as plain:
         assert plain.detect(canvas) is None  # too small for the short-range detector alone
-    with L.MediaPipeFaceMesh() as be:
+    with MediaPipeFaceMesh() as be:
         r = be.detect(canvas)
         assert r is not None
         x1, y1, x2, y2 = r.box
@@ -195,7 +198,7 @@ def test_small_face_found_through_full_range_fallback(portrait):
 
 def test_native_log_noise_is_suppressed(astronaut, capfd):
     capfd.readouterr()
-    with L.MediaPipeFaceMesh() as be:  # a fresh graph loads its models: MediaPipe logs then
+    with MediaPipeFaceMesh() as be:  # a fresh graph loads its models: MediaPipe logs then
         assert be.detect(astronaut) is not None
         assert be.track([astronaut, astronaut])[1] is not None
     out = capfd.readouterr()
@@ -243,7 +246,7 @@ def test_one_euro_filter_smooths_still_points_and_follows_motion():
     x = np.zeros((250, 2, 2))
     x[:, 1, 1] = 0.03 * np.sin(2 * np.pi * 4.0 * t)  # 4 Hz lip motion, 0.03 face heights
     x += rng.normal(0, 0.002, x.shape)  # landmark noise
-    f = L.OneEuroFilter()
+    f = OneEuroFilter()
     y = np.stack([f(xi, 0.04, 1.0) for xi in x])[20:]
     assert y[:, 0].std() < 0.7 * x[20:, 0].std()
     assert np.sqrt(2) * y[:, 1, 1].std() / 0.03 > 0.85
@@ -298,7 +301,7 @@ def test_registry_and_detect_only_backends(backend, astronaut, monkeypatch):
         name = "detect-only"
 
         def __init__(self):
-            self.inner = L.MediaPipeFaceMesh()
+            self.inner = MediaPipeFaceMesh()
             self.calls = 0
 
         def detect(self, rgb):
@@ -345,27 +348,27 @@ def _hand_lm68(gap: float, scale: float = 1.0, width: float = 60.0) -> np.ndarra
 
 
 def test_mouth_metrics_on_hand_made_points():
-    assert L.mouth_opening(_hand_lm68(0.0)) == 0.0
-    assert L.mouth_opening(_hand_lm68(20.0)) == pytest.approx(0.1)
-    assert L.mouth_opening(_hand_lm68(20.0, scale=3.7)) == pytest.approx(0.1)  # scale free
-    assert L.face_height(_hand_lm68(0.0)) == pytest.approx(200.0)
-    assert L.mouth_width(_hand_lm68(0.0, width=80.0)) == pytest.approx(0.4)
+    assert mouth_opening(_hand_lm68(0.0)) == 0.0
+    assert mouth_opening(_hand_lm68(20.0)) == pytest.approx(0.1)
+    assert mouth_opening(_hand_lm68(20.0, scale=3.7)) == pytest.approx(0.1)  # scale free
+    assert face_height(_hand_lm68(0.0)) == pytest.approx(200.0)
+    assert mouth_width(_hand_lm68(0.0, width=80.0)) == pytest.approx(0.4)
     batch = np.stack([_hand_lm68(g) for g in (0.0, 10.0, 30.0)])
-    np.testing.assert_allclose(L.mouth_opening(batch), [0.0, 0.05, 0.15])
+    np.testing.assert_allclose(mouth_opening(batch), [0.0, 0.05, 0.15])
     with pytest.raises(ValueError, match="degenerate"):
-        L.mouth_opening(np.zeros((68, 2)))
+        mouth_opening(np.zeros((68, 2)))
     with pytest.raises(ValueError):
-        L.mouth_opening(np.zeros((20, 2)))
+        mouth_opening(np.zeros((20, 2)))
 
 
 def test_mouth_opening_grows_when_the_mouth_is_painted_open(backend, portrait):
     img0 = cv2.resize(portrait, (716, 716), interpolation=cv2.INTER_AREA)
     r0 = backend.detect(img0)
     p = r0.lm68
-    fh = L.face_height(p)
+    fh = face_height(p)
     ym = int(round(p[[62, 66], 1].mean()))
     xl, xr = p[60, 0], p[64, 0]
-    openings = [(L.mouth_opening(p), L.mouth_opening_mesh(r0.mesh))]
+    openings = [(mouth_opening(p), mouth_opening_mesh(r0.mesh))]
     for frac in (0.04, 0.08, 0.12):
         k = int(round(frac * fh))
         # push the lower face down by k rows at the lip line and paint a dark mouth cavity
@@ -375,7 +378,7 @@ def test_mouth_opening_grows_when_the_mouth_is_painted_open(backend, portrait):
                     0, 0, 360, (60, 20, 25), -1, cv2.LINE_AA)
         r = backend.detect(img)
         assert r is not None
-        openings.append((L.mouth_opening(r.lm68), L.mouth_opening_mesh(r.mesh)))
+        openings.append((mouth_opening(r.lm68), mouth_opening_mesh(r.mesh)))
     o68, omesh = np.array(openings).T
     assert o68[0] < 0.01 and omesh[0] < 0.01  # the portrait's mouth is closed
     assert np.all(np.diff(o68) > 0.005) and np.all(np.diff(omesh) > 0.005)
@@ -386,6 +389,6 @@ def test_mouth_opening_grows_when_the_mouth_is_painted_open(backend, portrait):
 def test_open_smile_measures_more_open_than_closed_mouth(backend, astronaut, portrait):
     smile = backend.detect(astronaut)  # teeth showing
     closed = backend.detect(portrait)
-    assert L.mouth_opening(smile.lm68) > 0.04 > 0.01 > L.mouth_opening(closed.lm68)
-    assert L.mouth_opening_mesh(smile.mesh) > 0.04 > 0.01 > L.mouth_opening_mesh(closed.mesh)
-    assert 0.3 < L.mouth_width(smile.lm68) < 0.7 and 0.3 < L.mouth_width(closed.lm68) < 0.7
+    assert mouth_opening(smile.lm68) > 0.04 > 0.01 > mouth_opening(closed.lm68)
+    assert mouth_opening_mesh(smile.mesh) > 0.04 > 0.01 > mouth_opening_mesh(closed.mesh)
+    assert 0.3 < mouth_width(smile.lm68) < 0.7 and 0.3 < mouth_width(closed.lm68) < 0.7

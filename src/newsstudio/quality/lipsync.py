@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..avatar.landmarks import MediaPipeFaceMesh, mouth_opening
+from ..avatar.face_metrics import mouth_opening
+from ..avatar.mediapipe_mesh import MediaPipeFaceMesh
 
 
 def rms_envelope(samples: np.ndarray, sample_rate: int, fps: float, n_frames: int) -> np.ndarray:
