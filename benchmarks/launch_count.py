@@ -18,7 +18,6 @@ import tempfile
 from fractions import Fraction
 from pathlib import Path
 
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 NO_KERNEL = {"aten.lift_fresh.default", "aten._local_scalar_dense.default"}
