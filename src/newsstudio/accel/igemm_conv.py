@@ -58,15 +58,16 @@ MIN_IN_CHANNELS = 16  # a narrower input (an RGB or latent stem) is a K too shor
 @torch.library.custom_op("newsstudio::triton_conv2d", mutates_args=(), tags=(EXACT_STRIDES,))
 def _triton_conv2d(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                    residual: torch.Tensor | None, x_scale: torch.Tensor | None, w_scale: torch.Tensor | None,
-                   kh: int, kw: int, ph: int, pw: int, out_dtype: torch.dtype, kernel: str) -> torch.Tensor:
-    """``kernel``: one of triton_conv.KERNELS, or "auto": the fastest of them and (given the plain
-    ``weight``, half precision) cuDNN, per shape (kernel_choice.py)."""
+                   kh: int, kw: int, ph: int, pw: int, out_dtype: torch.dtype, implementation: str) -> torch.Tensor:
+    """``implementation``: one of triton_conv.KERNELS, or "auto": the fastest of them and (given the plain
+    ``weight``, half precision) cuDNN, per shape (kernel_choice.py). (Not named ``kernel``: Inductor's
+    fallback for a custom op can pass its arguments as keywords to ``FallbackKernel.create(kernel, ...)``.)"""
     def triton_call(name: str) -> Callable[[], torch.Tensor]:
         return lambda: conv2d_nhwc(x, packed, (kh, kw), (ph, pw), bias=bias, residual=residual, x_scale=x_scale,
                                    w_scale=w_scale, out_dtype=out_dtype, kernel=name)
 
-    if kernel != "auto":
-        return triton_call(kernel)()
+    if implementation != "auto":
+        return triton_call(implementation)()
     candidates = {"pointer": triton_call("pointer")}
     if tma_fits(x, packed, x.shape[3] + 2 * pw - kw + 1) and tma_available(x.device):
         candidates["tma"] = triton_call("tma")
@@ -85,7 +86,7 @@ def _cudnn_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 
 @_triton_conv2d.register_fake
-def _(x, packed, weight, bias, residual, x_scale, w_scale, kh, kw, ph, pw, out_dtype, kernel):
+def _(x, packed, weight, bias, residual, x_scale, w_scale, kh, kw, ph, pw, out_dtype, implementation):
     b, _, h, w = x.shape
     return torch.empty((b, packed.shape[0], h + 2 * ph - kh + 1, w + 2 * pw - kw + 1), dtype=out_dtype,
                        device=x.device, memory_format=torch.channels_last)
