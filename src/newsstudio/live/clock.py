@@ -9,7 +9,6 @@ from collections.abc import Callable
 from fractions import Fraction
 from typing import Literal
 
-
 from ..audio.source import as_fraction, frame_sample
 
 

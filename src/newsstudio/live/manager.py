@@ -5,7 +5,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-
 from ..engines.base import Engine
 from ..render_budget import RenderBudget
 from .errors import SessionLimitError
