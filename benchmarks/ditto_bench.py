@@ -155,7 +155,7 @@ def lmdm_figures(lmdm, device: torch.device, steps: int, overlap: int, repeat: i
                  batch_windows: tuple[int, ...] = (16, 64, 256), accel: str = "eager") -> dict[str, Any]:
     """One 80-frame window, ``steps`` DDIM steps: batched CFG under the engine's front-end
     ``accel`` (ours; also eager when that differs) vs two decoder passes (the reference)."""
-    from newsstudio.engines.ditto.lmdm import DDIMSampler
+    from newsstudio.engines.ditto.ddim import DDIMSampler
 
     from .ditto_reference import TwoPassCFG
 

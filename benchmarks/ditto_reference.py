@@ -38,7 +38,8 @@ from torch import nn
 
 from newsstudio.engines.base import pingpong_index
 from newsstudio.engines.ditto.config import DittoConfig
-from newsstudio.engines.ditto.lmdm import DDIMSampler, generate_motion
+from newsstudio.engines.ditto.ddim import DDIMSampler
+from newsstudio.engines.ditto.lmdm import generate_motion
 from newsstudio.engines.ditto.models import SPADEDecoder, WarpingNetwork
 from newsstudio.engines.ditto.motion_stitch import MotionStitchConfig, MotionStitcher, motion_rows_to_info, source_kp_cond
 from newsstudio.engines.ditto.putback import PutBack
@@ -51,7 +52,7 @@ QUEUE_MAX_SIZE = 100
 
 class TwoPassCFG(nn.Module):
     """The official guided prediction: the MotionDecoder run twice per DDIM step (condition kept,
-    condition dropped), ``x0 = uncond + (cond - uncond) * w``. Same interface as ``lmdm.LMDM``
+    condition dropped), ``x0 = uncond + (cond - uncond) * w``. Same interface as ``models.lmdm.LMDM``
     for ``DDIMSampler``."""
 
     def __init__(self, lmdm: nn.Module) -> None:

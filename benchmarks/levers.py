@@ -208,7 +208,8 @@ def ditto_net(quick: bool) -> Net:
 
 
 def lmdm_net(quick: bool) -> Net:
-    from newsstudio.engines.ditto.lmdm import LMDM, DDIMSampler
+    from newsstudio.engines.ditto.ddim import DDIMSampler
+    from newsstudio.engines.ditto.models.lmdm import LMDM
 
     def build(device):
         m = LMDM()

@@ -180,7 +180,9 @@ def test_neural_engines_batch_across_avatars(name, two_layers, tmp_path):
 def test_lmdm_windows_of_several_streams_in_one_batch_equal_sampling_alone():
     """Each stream draws its own noises; the shared MotionBatcher samples all windows in one DDIM
     run; every stream gets exactly the motion it would have sampled alone."""
-    from newsstudio.engines.ditto.lmdm import LMDM, DDIMSampler, MotionBatcher
+    from newsstudio.engines.ditto.ddim import DDIMSampler
+    from newsstudio.engines.ditto.lmdm import MotionBatcher
+    from newsstudio.engines.ditto.models.lmdm import LMDM
     from newsstudio.weights.seeded import fill_seeded_
 
     lmdm = fill_seeded_(LMDM(motion_feat_dim=265, audio_feat_dim=64, seq_frames=20), 5).eval()
@@ -222,7 +224,11 @@ def test_lmdm_windows_of_streams_on_threads_batched_on_the_gpu_equal_sampling_al
     its motion, equal to sampling alone, within a deadline (a hang fails, it does not block)."""
     import threading
 
-    from newsstudio.engines.ditto.lmdm import LMDM, DDIMSampler, MotionBatcher
+    from newsstudio.engines.ditto.ddim import DDIMSampler
+
+    from newsstudio.engines.ditto.lmdm import MotionBatcher
+
+    from newsstudio.engines.ditto.models.lmdm import LMDM
     from newsstudio.weights.seeded import fill_seeded_
 
     dev = torch.device("cuda")
@@ -268,7 +274,8 @@ def test_streams_share_one_ddim_program_per_model_and_plan():
     """Every stream's sampler of one LMDM runs the same DDIM program (on CUDA its graphs are
     captured once per batch bucket, not once per stream); the traced (eager, step by step) loop and
     the program give the same motion."""
-    from newsstudio.engines.ditto.lmdm import LMDM, DDIMSampler, DDIMTrace
+    from newsstudio.engines.ditto.ddim import DDIMSampler, DDIMTrace
+    from newsstudio.engines.ditto.models.lmdm import LMDM
     from newsstudio.weights.seeded import fill_seeded_
 
     lmdm = fill_seeded_(LMDM(motion_feat_dim=265, audio_feat_dim=64, seq_frames=20), 5).eval()

@@ -636,7 +636,7 @@ def test_reference_style_pipeline(engine, packet):
     """benchmarks/ditto_reference.py: two-pass CFG == our batched CFG (same noise), and the
     threaded per-frame pipeline produces every frame, pasted back on the CPU."""
     from benchmarks.ditto_reference import TwoPassCFG, build_source, reference_image_nets, run_reference
-    from newsstudio.engines.ditto.lmdm import DDIMSampler
+    from newsstudio.engines.ditto.ddim import DDIMSampler
 
     lm = engine.models.lmdm
     g = torch.Generator().manual_seed(7)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from golden.golden_io import GOLDEN_DIR
-from newsstudio.engines.ditto.lmdm import LMDM
+from newsstudio.engines.ditto.models.lmdm import LMDM
 from newsstudio.engines.ditto.models.motion_decoder import MotionDecoder
 from newsstudio.engines.ditto.models.stitching_network import StitchingNetwork, stitching_state_dict_from_checkpoint
 from newsstudio.weights.seeded import fill_seeded_

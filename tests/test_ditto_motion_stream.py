@@ -11,7 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from newsstudio.engines.ditto.lmdm import DDIMSampler, MotionWindowStream, cosine_alphas_cumprod, ddim_plan, generate_motion
+from newsstudio.engines.ditto.ddim import DDIMSampler, cosine_alphas_cumprod, ddim_plan
+
+from newsstudio.engines.ditto.lmdm import MotionWindowStream, generate_motion
 
 F, C, L = 265, 12, 80
 

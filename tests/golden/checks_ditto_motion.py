@@ -46,7 +46,7 @@ def check_stitching_network(t: dict, meta: dict) -> None:
 
 
 def _lmdm(meta: dict):
-    from newsstudio.engines.ditto.lmdm import LMDM
+    from newsstudio.engines.ditto.models.lmdm import LMDM
 
     kw = meta.get("lmdm_constructor_kwargs", {})
     m = LMDM(
@@ -78,7 +78,7 @@ def check_lmdm_denoiser(t: dict, meta: dict) -> None:
 
 
 def check_lmdm_ddim(t: dict, meta: dict) -> None:
-    from newsstudio.engines.ditto.lmdm import DDIMSampler, DDIMTrace, cosine_alphas_cumprod, ddim_plan
+    from newsstudio.engines.ditto.ddim import DDIMSampler, DDIMTrace, cosine_alphas_cumprod, ddim_plan
 
     steps = int(meta["sampling_timesteps"])
     eta = float(meta["eta"])

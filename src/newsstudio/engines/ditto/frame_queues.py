@@ -13,7 +13,8 @@ import torch
 
 from ...accel.host_copy import tensor_on
 from ..base import AvatarLayer, FrameQueue, TensorFrameQueue, pingpong_index
-from .lmdm import DDIMSampler, MotionWindowStream
+from .ddim import DDIMSampler
+from .lmdm import MotionWindowStream
 from .motion_stitch import blink_schedule
 from .wav2feat import SAMPLES_PER_FRAME, StreamingWav2Feat
 

@@ -45,7 +45,7 @@ from .checkpoints import (
     register_ditto_module,
 )
 from .config import CFG_FILE, DittoConfig
-from .lmdm import LMDM
+from .models.lmdm import LMDM
 from .models import AppearanceFeatureExtractor, MotionExtractor, SPADEDecoder, WarpingNetwork
 from .models.stitching_network import StitchingNetwork, stitching_state_dict_from_checkpoint
 from .wav2feat import HubertEncoder, onnx_hubert_encoder
