@@ -118,14 +118,15 @@ def profile_kinds(fn, x, device: str, top: int) -> dict[str, Any]:
             "calls_by_kind": dict(count), "top": kernels[:top]}
 
 
-def measure(device: str, convs: str, batch: int, iters: int, top: int, tiny: bool) -> dict[str, Any]:
+def measure(device: str, convs: str, batch: int, iters: int, top: int, tiny: bool,
+            compile_mode: str = "max-autotune-no-cudagraphs") -> dict[str, Any]:
     eng, dec = build_decoder(device, convs, tiny)
     ch = dec.conv_in.in_channels
     g = torch.Generator(device).manual_seed(0)
     x = torch.randn((batch, ch, 32, 32), generator=g, device=device, dtype=eng.dtype)
     x = x.contiguous(memory_format=torch.channels_last)
     t0 = time.perf_counter()
-    compiled = torch.compile(dec, mode="max-autotune-no-cudagraphs" if device == "cuda" else None, dynamic=False)
+    compiled = torch.compile(dec, mode=compile_mode if device == "cuda" else None, dynamic=False)
     with torch.inference_mode():
         ref = dec(x)
         got = compiled(x)
@@ -148,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--convs", default="off,half,mixed", help="triton_convs values, comma-separated (off = cuDNN)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--compile-mode", default="max-autotune-no-cudagraphs",
+                    help="torch.compile mode (the engine's default; 'default' compiles faster)")
     ap.add_argument("--tiny", action="store_true", help="the test-size architecture (a smoke run of the script)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -156,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for convs in args.convs.split(","):
         try:
-            row = measure(args.device, convs.strip(), args.batch, args.iters, args.top, args.tiny)
+            row = measure(args.device, convs.strip(), args.batch, args.iters, args.top, args.tiny, args.compile_mode)
         except Exception as e:  # one backend failing still reports the others
             row = {"convs": convs, "error": f"{type(e).__name__}: {e}"[:300]}
         rows.append(row)

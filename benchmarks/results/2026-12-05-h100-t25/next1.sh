@@ -4,7 +4,7 @@
 # kernel kind; (b) the same three as levers rows with their error vs fp32. Log names without '+'.
 . .carry/setup.sh; set -o pipefail; export PATH=/tmp/site/bin:$PATH
 L=${L:-560}
-timeout 300 python -m benchmarks.decoder_kernels --batch 32 --convs off,half,mixed --json $OUT/decoder_kernels.json \
+timeout 330 python -m benchmarks.decoder_kernels --batch 32 --convs off,half,mixed --json $OUT/decoder_kernels.json \
   2>&1 | grep -v Warn | tee $OUT/decoder_kernels.log | grep -v "^USDT" | tail -60
 left=$((L - SECONDS))
 S="fp16 channels_last compile+cudagraph, conv rewrites"
