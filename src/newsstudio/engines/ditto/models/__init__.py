@@ -1,4 +1,5 @@
-"""Ditto image networks (LivePortrait-style), one network per file, official state_dict names.
+"""Ditto's networks, one per file, official state_dict names: the LivePortrait-style image networks
+exported here, and the LMDM motion denoiser (`lmdm.py`, around `motion_decoder.py`).
 
 Each class is built with the official constructor defaults and loads the matching
 `ditto_pytorch/models/*.pth` strictly (see `newsstudio.engines.ditto.checkpoints`).
