@@ -48,12 +48,14 @@ class FrameQueue(ABC):
 
 
 class TensorFrameQueue(FrameQueue):
-    """A FIFO of per-frame tensors; the building block of simple stages."""
+    """A FIFO of per-frame tensors; the building block of simple stages. Given the rows' ``width``
+    (and ``device``), ``take(0)`` returns an empty ``(0, width)`` tensor even before anything came."""
 
-    def __init__(self) -> None:
+    def __init__(self, width: int | None = None, device: torch.device | str | None = None) -> None:
         self._parts: list[torch.Tensor] = []
         self._count = 0
         self.closed = False
+        self.width, self.device = width, device
 
     def push(self, value: torch.Tensor) -> None:
         if value.shape[0]:
@@ -68,6 +70,8 @@ class TensorFrameQueue(FrameQueue):
         return self._count
 
     def take(self, n: int) -> torch.Tensor:
+        if n == 0 and self.width is not None:
+            return torch.zeros((0, self.width), device=self.device)
         if n > self._count:
             raise ValueError(f"asked for {n} frames, {self._count} ready")
         if not self._parts:
@@ -77,6 +81,19 @@ class TensorFrameQueue(FrameQueue):
         self._parts = [tail] if tail.shape[0] else []
         self._count -= n
         return head
+
+
+class QueuedStage(FrameQueue):
+    """A stage whose finished frames wait in a `TensorFrameQueue` (``self.out``) until taken."""
+
+    out: TensorFrameQueue
+
+    @property
+    def ready(self) -> int:
+        return self.out.ready
+
+    def take(self, n: int) -> torch.Tensor:
+        return self.out.take(n)
 
 
 class PassThroughDriver(TensorFrameQueue):

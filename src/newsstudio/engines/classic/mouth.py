@@ -18,7 +18,7 @@ import math
 import numpy as np
 import torch
 
-from ..base import FrameQueue, TensorFrameQueue
+from ..base import QueuedStage, TensorFrameQueue
 
 WINDOW_S = 0.040
 BAND = (300.0, 3400.0)
@@ -32,7 +32,7 @@ SPREAD_S = 0.060  # lip spread/rounding changes a little more slowly than the ja
 N_PARAMS = 3  # opening, spread(+)/rounding(-), level (0..1)
 
 
-class MouthConditioner(FrameQueue):
+class MouthConditioner(QueuedStage):
     """Stage 1 of the classic engine: PCM (mono float32 at `sample_rate`) -> (n, 3) params."""
 
     def __init__(self, fps: float, sample_rate: int = 16000):
@@ -113,9 +113,3 @@ class MouthConditioner(FrameQueue):
         level = min(1.0, max(0.0, (level_db - GATE_DBFS) / 40.0))
         return [self.open_state if self.open_state > 1e-3 else 0.0, spread, level]
 
-    @property
-    def ready(self) -> int:
-        return self.out.ready
-
-    def take(self, n: int) -> torch.Tensor:
-        return self.out.take(n)

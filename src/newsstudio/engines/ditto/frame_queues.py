@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from ...accel.host_copy import tensor_on
-from ..base import AvatarLayer, FrameQueue, TensorFrameQueue, pingpong_index
+from ..base import AvatarLayer, QueuedStage, TensorFrameQueue, pingpong_index
 from .ddim import DDIMSampler
 from .lmdm import MotionWindowStream
 from .motion_stitch import blink_schedule
@@ -22,13 +22,13 @@ if TYPE_CHECKING:
     from .engine import DittoEngine
 
 
-class DittoConditioner(FrameQueue):
+class DittoConditioner(QueuedStage):
     """16 kHz mono PCM in, HuBERT rows (n, 1024) float32 on the device out (online windowing)."""
 
     def __init__(self, encoder, device: torch.device, chunksize: tuple[int, int, int] = (3, 5, 2), batch_size: int = 8):
         self.w2f = StreamingWav2Feat(encoder, chunksize, batch_size)
         self.device = device
-        self._queue = TensorFrameQueue()
+        self.out = TensorFrameQueue(1024, device)
         self._samples = 0
         self._emitted = 0
         self.closed = False
@@ -39,7 +39,7 @@ class DittoConditioner(FrameQueue):
         if limit is not None:
             feats = feats[: max(0, limit - self._emitted)]
         if feats.shape[0]:
-            self._queue.push(feats.to(self.device, torch.float32))
+            self.out.push(feats.to(self.device, torch.float32))
             self._emitted += int(feats.shape[0])
 
     def push(self, value: Any) -> None:
@@ -55,16 +55,8 @@ class DittoConditioner(FrameQueue):
             return
         self.closed = True
         self._emit(self.w2f.finish(), limit=math.ceil(self._samples / SAMPLES_PER_FRAME))
-        self._queue.close()
+        self.out.close()
 
-    @property
-    def ready(self) -> int:
-        return self._queue.ready
-
-    def take(self, n: int) -> torch.Tensor:
-        if n == 0:
-            return torch.zeros((0, 1024), device=self.device)
-        return self._queue.take(n)
 
 
 # ---------------------------------------------------------------------------------------- driver
@@ -75,7 +67,7 @@ DRIVING_DIM = 2 * MOTION_DIM + 1  # [motion row | d0 row | blink index]
 REST_FLAG = -1.0  # blink index of idle rows: the frame's own source keypoints (x_d = x_s)
 
 
-class DittoDriver(FrameQueue):
+class DittoDriver(QueuedStage):
     """HuBERT rows in, per-frame driving rows ``(n, 531)`` out: [LMDM motion 265 | the stream's
     relative-driving reference d0 265 | blink index 1] (see the module doc).
 
@@ -108,7 +100,7 @@ class DittoDriver(FrameQueue):
         if cfg.delta_eye_arr is not None:
             n_eye = int(np.asarray(cfg.delta_eye_arr).reshape(-1, 63).shape[0])
             self._blink = blink_schedule(3000, n_eye, cfg.delta_eye_open_n, random.Random(int(cfg.seed)))
-        self._out = TensorFrameQueue()
+        self.out = TensorFrameQueue(DRIVING_DIM, self.device)
         self.closed = False
         self.first_output_at_rows: int | None = None  # audio rows pushed when the first frame came out
 
@@ -152,16 +144,7 @@ class DittoDriver(FrameQueue):
         self.closed = True
         if self._started:
             self._consume(self.stream.finish())
-        self._out.close()
-
-    @property
-    def ready(self) -> int:
-        return self._out.ready
-
-    def take(self, n: int) -> torch.Tensor:
-        if n == 0:
-            return torch.zeros((0, DRIVING_DIM), device=self.device)
-        return self._out.take(n)
+        self.out.close()
 
     def _consume(self, rows: torch.Tensor) -> None:
         if rows.shape[0] == 0:
@@ -179,7 +162,7 @@ class DittoDriver(FrameQueue):
             blink = tensor_on(b, self.device, torch.float32)[:, None]
         else:
             blink = torch.zeros((n, 1), device=self.device)
-        self._out.push(torch.cat([rows, self._d0.expand(n, -1), blink], dim=1))
+        self.out.push(torch.cat([rows, self._d0.expand(n, -1), blink], dim=1))
         if self.first_output_at_rows is None:
             self.first_output_at_rows = self._cond_idx
         self._frames += n

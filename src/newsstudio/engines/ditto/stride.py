@@ -80,7 +80,7 @@ import torch
 import torch.nn.functional as F
 
 from ...compose.splice import sample_crops_to_roi
-from ..base import FrameQueue, TensorFrameQueue
+from ..base import FrameQueue, QueuedStage, TensorFrameQueue
 
 # Flow defaults, in the keypoints' normalised units (the face spans about [-0.6, 0.6]).
 FLOW_SIGMA = 0.15  # heatmap width: about the spacing of neighbouring face keypoints
@@ -225,7 +225,7 @@ class StreamState:
         self.seen = sorted(d.items())[-16:]
 
 
-class StrideDriver(FrameQueue):
+class StrideDriver(QueuedStage):
     """Wraps a stream's dense driver: rows come out self-contained for stride rendering
     (module doc), each in-between row once the row of its next keyframe exists. At ``close`` the
     stream's last frame becomes a keyframe (the frames before it need a right neighbour)."""
@@ -239,7 +239,7 @@ class StrideDriver(FrameQueue):
         self._t0 = 0
         self._key_row: torch.Tensor | None = None  # row of the last keyframe emitted (frame _key_t)
         self._key_t = -1
-        self._out = TensorFrameQueue()
+        self.out = TensorFrameQueue(self.width, getattr(inner, "device", None))
         self.closed = False
 
     def __getattr__(self, name: str) -> Any:  # the inner driver's attributes (first_output_at_rows...)
@@ -259,16 +259,7 @@ class StrideDriver(FrameQueue):
         self.closed = True
         self.inner.close()
         self._drain(final=True)
-        self._out.close()
-
-    @property
-    def ready(self) -> int:
-        return self._out.ready
-
-    def take(self, n: int) -> torch.Tensor:
-        if n == 0:
-            return torch.zeros((0, self.width), device=getattr(self.inner, "device", None))
-        return self._out.take(n)
+        self.out.close()
 
     def _drain(self, final: bool) -> None:
         n = self.inner.ready
@@ -303,7 +294,7 @@ class StrideDriver(FrameQueue):
 
         m = ts.shape[0]
         meta = torch.stack([ts, torch.full_like(ts, self.state.key), ta, tb], dim=1).to(buf.dtype)
-        self._out.push(torch.cat([buf[:m], meta, at(ta), at(tb)], dim=1))
+        self.out.push(torch.cat([buf[:m], meta, at(ta), at(tb)], dim=1))
         kt = int(last - last % k)
         if kt >= t0:
             self._key_row, self._key_t = buf[kt - t0 : kt - t0 + 1], kt

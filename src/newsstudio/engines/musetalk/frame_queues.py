@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from ...audio.source import as_fraction, frames_for_samples
-from ..base import FrameQueue, TensorFrameQueue
+from ..base import QueuedStage, TensorFrameQueue
 from .audio_features import SAMPLE_RATE, StatesFn, StreamingAudioFeatures
 
 PROMPT_ROWS = 10  # 20 ms encoder rows per frame window (+-2 frames at 25 fps)
@@ -19,7 +19,7 @@ PROMPT_ROWS = 10  # 20 ms encoder rows per frame window (+-2 frames at 25 fps)
 LIVE_UPDATE_ROWS = 5  # 20 ms Whisper rows per live feature update
 
 
-class MuseTalkConditioner(FrameQueue):
+class MuseTalkConditioner(QueuedStage):
     """PCM chunks (16 kHz mono float32) in, per-frame prompts ``(50, 384)`` out.
 
     The streaming extractor is run on the 20 ms row grid (one "frame" per encoder row, windows of
@@ -54,7 +54,7 @@ class MuseTalkConditioner(FrameQueue):
         self._rows_emitted = 0  # row windows the extractor has produced so far
         self._next = 0  # next output frame
         self._samples = 0
-        self._queue = TensorFrameQueue()
+        self.out = TensorFrameQueue()
         self.closed = False
 
     def row_of(self, i: int) -> int:
@@ -91,7 +91,7 @@ class MuseTalkConditioner(FrameQueue):
             picked.append(self._window(j))
             self._next += 1
         if picked:
-            self._queue.push(torch.stack(picked))
+            self.out.push(torch.stack(picked))
         keep_from = self.row_of(self._next)
         if self._buf is not None and not final and keep_from > self._lo:
             k = min(keep_from - self._lo, self._buf.shape[0] - 1)  # keep the last window for zero continuation
@@ -113,11 +113,5 @@ class MuseTalkConditioner(FrameQueue):
         self.closed = True
         self._append(self.extractor.finish())
         self._drain(final=True)
-        self._queue.close()
+        self.out.close()
 
-    @property
-    def ready(self) -> int:
-        return self._queue.ready
-
-    def take(self, n: int) -> torch.Tensor:
-        return self._queue.take(n)
