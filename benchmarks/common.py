@@ -136,6 +136,14 @@ def machine() -> dict[str, Any]:
 
 
 def write_json(path: str | os.PathLike[str] | None, data: dict[str, Any]) -> None:
+    """The run's JSON, with ``runner_fallbacks``: runners that fell back to eager (then said on stderr
+    too, since the figures are not the asked-for mode's)."""
+    from newsstudio.accel.static import fallbacks
+
+    said, data["runner_fallbacks"] = data.get("runner_fallbacks"), fallbacks()
+    if data["runner_fallbacks"] and data["runner_fallbacks"] != said:
+        print("WARNING: some runners fell back to eager; figures are not the asked-for mode's:\n  "
+              + "\n  ".join(data["runner_fallbacks"]), file=sys.stderr)
     if path:
         Path(path).write_text(json.dumps(data, indent=1, default=str))
 

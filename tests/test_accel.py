@@ -125,6 +125,26 @@ def test_runner_compile_sees_one_static_shape():
     torch._dynamo.reset()
 
 
+def test_a_runner_that_cannot_compile_runs_eager_and_says_so():
+    """A backend that fails (as Inductor failed to lower a custom op once, twenty-fifth session) leaves the
+    runner eager with the same results, and `fallbacks()` names it, so benchmarks flag their figures."""
+    from newsstudio.accel.static import fallbacks
+
+    def broken_backend(gm, example_inputs):
+        raise RuntimeError("no lowering for this op")
+
+    torch._dynamo.reset()
+    lin = nn.Linear(4, 2)
+    runner = StaticBatchRunner(lambda x: lin(x).relu(), 4, (torch.randn(4, 4),), mode="compile",
+                               backend=broken_backend, allow_cpu_compile=True, fallback_on_error=True)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(runner(x), lin(x).relu())
+    assert runner.mode == "eager"
+    assert any("compile failed" in why and "no lowering for this op" in why for why in fallbacks())
+    torch._dynamo.reset()
+
+
 def test_bucketed_runner_buckets_and_one_compilation():
     """Each call runs in the smallest power-of-two bucket that holds it; every bucket shares ONE
     compilation (batch dimension dynamic), so a process compiles once, not once per bucket."""

@@ -176,6 +176,7 @@ def test_the_benchmark_command_runs_an_engine_and_its_load_test_with_per_engine_
     done = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     d = json.loads(out.read_text())
+    assert d["runner_fallbacks"] == []  # every runner ran the mode it was asked for
     ours = d["engines"]["classic"]["ours"]
     assert ours["dense_fps"] > 0 and ours["ttff_ms"] > 0 and ours["segment_mp4_s"] > 0, ours
     config = ours["segment_mp4_config"]  # next to it: x264 + AAC alone on the frames the engine made

@@ -64,10 +64,19 @@ MODES = ("eager", "compile", "cudagraph", "compile+cudagraph")
 _SAID: set[str] = set()
 
 
+_FALLBACKS: list[str] = []
+
+
 def _say_once(msg: str) -> None:
     if msg not in _SAID:
         _SAID.add(msg)
         log.warning(msg)
+
+
+def fallbacks() -> list[str]:
+    """Why each runner of this process that could not compile or capture runs eager instead (one
+    line a distinct failure): a benchmark's figures from such a process are not the mode it asked for."""
+    return list(dict.fromkeys(_FALLBACKS))
 
 
 # --------------------------------------------------------------------------------------------
@@ -248,7 +257,9 @@ class StaticBatchRunner:
         except Exception as exc:
             if not self.fallback_on_error:
                 raise
-            _say_once(f"StaticBatchRunner: {self.mode} failed ({type(exc).__name__}: {exc}); running eager")
+            why = f"StaticBatchRunner: {self.mode} failed ({type(exc).__name__}: {exc}); running eager"
+            _FALLBACKS.append(why[:500])
+            _say_once(why)
             self.mode, self._graph, self.compiled_fn = "eager", None, None
         self._prepared = True
         return self
