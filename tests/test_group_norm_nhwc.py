@@ -229,7 +229,8 @@ def test_compiled_graph_keeps_the_op():
     torch.testing.assert_close(fused(x), got, rtol=1e-5, atol=1e-5)
 
 
-def test_one_compilation_serves_every_batch_size(monkeypatch):
+@pytest.mark.parametrize("statistics", gn.STATISTICS_KERNELS)
+def test_one_compilation_serves_every_batch_size(monkeypatch, statistics):
     """The engines' runners share one compiled graph across batch sizes (batch dimension dynamic):
     the op's output shape follows the batch symbolically, and a process whose first trace is also
     its first use of Triton does not compile twice. Several pixel splits per image: their count
@@ -241,10 +242,12 @@ def test_one_compilation_serves_every_batch_size(monkeypatch):
     monkeypatch.setattr(triton_conv, "triton", None)  # as in a fresh process
     monkeypatch.setattr(triton_conv, "tl", None)
     monkeypatch.setattr(gn, "ELEMENTS_PER_CHUNK", 256)  # 8 pixels of 32 channels per chunk
+    monkeypatch.setattr(gn, "STREAMING_ELEMENTS_PER_CHUNK", 256)
     monkeypatch.setattr(gn, "MIN_SPLIT_PIXELS", 8)
     monkeypatch.setattr(gn, "SPLITS_PER_IMAGE", 3)
-    assert gn._layout(32, 6 * 6)[2] == 3
+    assert gn._layout(32, 6 * 6, statistics)[2] == 3
     norm = NHWCGroupNorm.replacing(nn.GroupNorm(8, 32)).to(DEVICE)
+    norm.statistics = statistics
     torch._dynamo.reset()
     fn = torch.compile(lambda t: F.silu(norm(t)), backend="aot_eager")
     counters.clear()

@@ -80,10 +80,10 @@ def _modulate_pixels(c: int) -> int:
     return _chunk_pixels(4 * c)
 
 
-def _layout(c: int, hw: int, kernel: str = "chunked") -> tuple[int, int, int]:
+def _layout(c: int, hw: int, method: str) -> tuple[int, int, int]:
     """(pixels per chunk, pixels per split, splits) for images of ``hw`` pixels of ``c`` channels
-    under the statistics ``kernel``."""
-    block_p = _chunk_pixels(c, STREAMING_ELEMENTS_PER_CHUNK if kernel == "streaming" else None)
+    under the statistics kernel ``method``."""
+    block_p = _chunk_pixels(c, STREAMING_ELEMENTS_PER_CHUNK if method == "streaming" else None)
     chunks = -(-hw // block_p)
     splits = max(1, min(chunks, SPLITS_PER_IMAGE, hw // MIN_SPLIT_PIXELS))
     per_split = -(-chunks // splits) * block_p
@@ -235,10 +235,10 @@ def _(x, method):
 
 
 def _partials(x: torch.Tensor, statistics: str | None) -> torch.Tensor:
-    kernel = statistics or STATISTICS_KERNEL
-    if kernel not in STATISTICS_KERNELS:
-        raise ValueError(f"statistics must be one of {STATISTICS_KERNELS}, got {kernel!r}")
-    return _group_norm_partials(x, kernel)
+    method = statistics or STATISTICS_KERNEL
+    if method not in STATISTICS_KERNELS:
+        raise ValueError(f"statistics must be one of {STATISTICS_KERNELS}, got {method!r}")
+    return _group_norm_partials(x, method)
 
 
 @torch.library.custom_op("newsstudio::norm_apply_nhwc", mutates_args=(), tags=(EXACT_STRIDES,))
