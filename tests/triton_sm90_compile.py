@@ -152,7 +152,8 @@ def compile_group_norm(channels: int, dtype: torch.dtype, which: str = "chunked"
 
     kernel = gn._kernels()[which]
     params = list(inspect.signature(kernel.fn).parameters)
-    block_p = gn._modulate_pixels(channels) if which == "modulate" else gn._layout(channels, 1 << 16, which)[0]
+    block_p = {"modulate": gn._modulate_pixels, "apply": gn._chunk_pixels}.get(  # as each launch sizes its block
+        which, lambda c: gn._layout(c, 1 << 16, which)[0])(channels)
     meta = {"C": channels, "BLOCK_C": gn._block_c(channels), "BLOCK_P": block_p}
     x, y = f"*{_TYPES[dtype]}", f"*{_TYPES[dtype]}"
     if which in gn.STATISTICS_KERNELS:
