@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import socket
 import statistics
 import struct
@@ -40,7 +41,6 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from newsstudio.accel.igemm_conv import TRITON_CONV_MODES
 from newsstudio.render_budget import FULL as REFUSED
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -306,23 +306,47 @@ def client_group(url: str, n: int, args_dict: dict, pcm: np.ndarray, sr: int, du
     return asyncio.run(main())
 
 
-async def run_level(url: str, n: int, args, pcm, sr) -> dict:
+class ClientPool:
+    """The child processes that run the clients (--client-processes), started once per run and warmed.
+
+    Why: spawned children import this module (numpy, httpx, newsstudio) before their first client
+    connects; pools spawned per level made every level's first seconds count 0 frames/s while they
+    started (4 children on a busy H100 machine, twenty-sixth session)."""
+
+    def __init__(self, processes: int) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.processes = processes
+        # spawned: no copy of this process's threads or GPU state
+        self.executor = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"))
+        pids: set[int] = set()
+        for _ in range(10):  # the executor starts workers as tasks queue up: overlap the tasks until all run
+            pids |= {f.result() for f in [self.executor.submit(_child_ready, 0.3) for _ in range(processes)]}
+            if len(pids) >= processes:
+                break
+
+    def close(self) -> None:
+        self.executor.shutdown()
+
+
+def _child_ready(hold_s: float) -> int:
+    time.sleep(hold_s)
+    return os.getpid()
+
+
+async def run_level(url: str, n: int, args, pcm, sr, clients: ClientPool | None = None) -> dict:
     stop = asyncio.Event()
     stats = [_new_stats() for _ in range(n)]
-    groups = min(max(1, args.client_processes), n)
+    groups = min(clients.processes, n) if clients is not None else 1
     delays = start_delays(n, getattr(args, "stagger_s", 0.0))
-    pool = None
     async with httpx.AsyncClient(base_url=url, timeout=30) as c:
         before = (await c.get("/metrics")).json()
-        if groups > 1:  # clients in child processes (spawned: no copy of this process's threads or GPU state)
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
-            pool = ProcessPoolExecutor(groups, mp_context=multiprocessing.get_context("spawn"))
+        if groups > 1:
             loop = asyncio.get_running_loop()
             sizes = [n // groups + (1 if k < n % groups else 0) for k in range(groups)]
             firsts = [sum(sizes[:k]) for k in range(groups)]
-            tasks = [loop.run_in_executor(pool, client_group, url, m, vars(args), pcm, sr, args.duration,
+            tasks = [loop.run_in_executor(clients.executor, client_group, url, m, vars(args), pcm, sr, args.duration,
                                           delays[f:f + m]) for m, f in zip(sizes, firsts)]
         else:
             tasks = [asyncio.ensure_future(client(url, args, pcm, sr, s, stop, d)) for s, d in zip(stats, delays)]
@@ -351,8 +375,7 @@ async def run_level(url: str, n: int, args, pcm, sr) -> dict:
         stop.set()
         results = await asyncio.gather(*tasks)
         profile = await timeline if timeline is not None else None
-        if pool is not None:
-            pool.shutdown()
+        if groups > 1:
             stats = [s for group in results for s in group]
         for _ in range(100):
             after = (await c.get("/metrics")).json()
@@ -433,6 +456,8 @@ async def run_level(url: str, n: int, args, pcm, sr) -> dict:
 
 
 def main() -> None:
+    from newsstudio.accel.igemm_conv import TRITON_CONV_MODES  # here, not at the top: client children skip torch
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", help="an already running server (default: start one here)")
     ap.add_argument("--sessions", default="1,2,4,8", help="comma-separated session counts to run in turn")
@@ -534,21 +559,31 @@ def main() -> None:
             ("session_render_call_ms", ".1f"), ("session_render_wait_ms", ".1f"), ("session_copy_out_ms", ".1f"), ("short_render_share", ".2f"),
             ("driving_ahead_frames", ".1f"), ("underrun_ms_per_session", ".0f"), ("skipped_frames_per_session", ".1f")]
     print(" | ".join(name for name, _ in cols), flush=True)
-    rows = []
     levels = [(n, setting) for n in args.sessions for setting in server_settings(args, server_cfg, server_state)]
     syncs = watch_syncs() if args.sync_debug and args.url is None else None
+    clients = ClientPool(args.client_processes) if args.client_processes > 1 else None
+    try:
+        run_levels(args, url, pcm, sr, levels, clients, server_cfg, syncs, cols, t0)
+    finally:
+        if clients is not None:
+            clients.close()
+
+
+def run_levels(args, url: str, pcm, sr, levels: list, clients: ClientPool | None, server_cfg, syncs, cols: list, t0: float) -> None:
+    """The warm-up level, then every measured level; each row printed (and the JSON rewritten) as it lands."""
+    rows = []
     if args.warm_up_s > 0 and levels:
         n, (label, apply) = levels[0]
         apply()
         print(f"[{time.monotonic() - t0:.0f} s] warm-up: {n} sessions for {args.warm_up_s:g} s ({label}), not recorded",
               file=sys.stderr, flush=True)
-        asyncio.run(run_level(url, n, argparse.Namespace(**{**vars(args), "duration": args.warm_up_s, "profile_s": 0.0}), pcm, sr))
+        asyncio.run(run_level(url, n, argparse.Namespace(**{**vars(args), "duration": args.warm_up_s, "profile_s": 0.0}), pcm, sr, clients))
     profiled = {int(x) for x in args.profile_levels.split(",")} if args.profile_levels else None
     for number, (n, (label, apply)) in enumerate(levels, 1):  # each level's row as soon as it is measured: a run cut short keeps them
         apply()
         print(f"[{time.monotonic() - t0:.0f} s] level of {n} sessions starts ({label})", file=sys.stderr, flush=True)
         level_args = args if profiled is None or number in profiled else argparse.Namespace(**{**vars(args), "profile_s": 0.0})
-        rows.append({**asyncio.run(run_level(url, n, level_args, pcm, sr)), "switch_interval_ms": sys.getswitchinterval() * 1e3,
+        rows.append({**asyncio.run(run_level(url, n, level_args, pcm, sr, clients)), "switch_interval_ms": sys.getswitchinterval() * 1e3,
                      "render_lead_ms": getattr(server_cfg, "render_lead_s", 0.0) * 1e3,
                      "send_on_clock": bool(getattr(server_cfg, "send_on_clock", False)),
                      "render_ahead": getattr(server_cfg, "render_ahead", 0),  # 0: a server elsewhere (unknown)

@@ -67,15 +67,17 @@ def test_the_load_test_sweeps_server_settings_on_one_running_server(tmp_path):
     (row,) = json.loads(out.read_text())
     assert row["errors"] == 0 and row["fps_median"] > 0 and row["sustained"] == 0, row
     # the clients' stream format is swept too (h264 chunks decoded by nothing but still counted), with the
-    # server spreading its sessions' render phases and the two sessions' starts spread over half a second
+    # server spreading its sessions' render phases and the two sessions' starts spread over half a second;
+    # the clients run in two child processes, started once: each level's first second already has frames
     cmd = [sys.executable, "-m", "benchmarks.load_test", "--engine", "classic", "--device", "cpu", "--size", "256",
            "--sessions", "2", "--duration", "2", "--format", "nv12,h264", "--spread-render-phases", "on",
-           "--stagger-s", "0.5", "--json", str(out)]
+           "--stagger-s", "0.5", "--client-processes", "2", "--json", str(out)]
     done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(out.read_text())
     assert [(r["sessions"], r["format"], r["spread_render_phases"]) for r in rows] == [(2, "nv12", True), (2, "h264", True)]
     assert all(r["errors"] == 0 and r["fps_median"] > 0 for r in rows), rows
+    assert all(r["server_fps_timeline"][0] > 0 for r in rows), [r["server_fps_timeline"] for r in rows]
     # a render budget on the server: the sessions past it are refused and counted apart, not as late
     cmd = [sys.executable, "-m", "benchmarks.load_test", "--engine", "classic", "--device", "cpu", "--size", "256",
            "--fps", "25", "--sessions", "3", "--duration", "2", "--max-render-fps", "classic=50", "--json", str(out)]
@@ -84,6 +86,20 @@ def test_the_load_test_sweeps_server_settings_on_one_running_server(tmp_path):
     (row,) = json.loads(out.read_text())
     assert (row["refused"], row["errors"]) == (1, 0) and row["fps_median"] > 0, row
     assert "1 refused (render capacity)" in done.stderr
+
+
+def test_the_load_test_clients_start_without_torch():
+    """--client-processes children import the load test module; with torch (and Triton) behind it, four
+    of them took seconds to start on a busy GPU machine, which a level's clock counted as 0 frames/s."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    probe = "import sys, benchmarks.load_test; print(sorted(m for m in ('torch', 'triton') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", probe], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
 
 
 def test_bucket_timing_times_the_render_runner_per_batch_size(tmp_path):
