@@ -176,8 +176,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         cells = " | ".join(str(r["ms_by_kind"].get(k, "-")) for k in kinds)
         print(f"| {r['convs']} | {r.get('ms_graphed', '-')} | {r['ms_no_graph']} | {cells} | {r['rel_err_vs_eager']:.2e} |")
+    choices = kernel_choices()  # the per-shape timings behind the Triton rows' choice of kernel (in the log too)
+    for shape, c in choices["by_shape"].items():
+        print(f"choice {c['winner']:>12} for {shape}: " + ", ".join(f"{n} {ms:.3f} ms" for n, ms in c["ms"].items()))
     write_json(args.json, {"machine": machine(), "command": "python -m benchmarks.decoder_kernels " + " ".join(argv or sys.argv[1:]),
-                           "args": vars(args), "rows": rows, "kernel_choices": kernel_choices()})
+                           "args": vars(args), "rows": rows, "kernel_choices": choices})
     return 0
 
 

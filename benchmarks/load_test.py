@@ -126,14 +126,18 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
     out = []
     on_clock = args.send_on_clock if cfg is not None and args.send_on_clock else [None]
     spread = args.spread_render_phases if cfg is not None and args.spread_render_phases else [None]
+    fill = args.fill_render_batches if cfg is not None and args.fill_render_batches else [None]
     compose = args.compose if cfg is not None and args.compose else [None]
     formats = args.formats if len(getattr(args, "formats", [])) > 1 else [None]  # the clients' choice: any server
-    for si, lead, paced, ahead, in_flight, own, rows, mode, fmt, phases in itertools.product(
+    for si, lead, paced, ahead, in_flight, own, rows, mode, fmt, phases, filled in itertools.product(
             values(args.switch_intervals, float, local=False), values(args.render_leads, float), on_clock,
             values(args.render_aheads, int), values(args.render_in_flight, int), front_end,
-            values(args.live_update_rows, int), compose, formats, spread):
+            values(args.live_update_rows, int), compose, formats, spread, fill):
         def apply(si=si, lead=lead, paced=paced, ahead=ahead, in_flight=in_flight, own=own, rows=rows,
-                  mode=mode, fmt=fmt, phases=phases) -> None:
+                  mode=mode, fmt=fmt, phases=phases, filled=filled) -> None:
+            if filled is not None:  # the render batchers' next batches
+                cfg.fill_render_batches = filled
+                state.engines.set_fill_render_batches(filled)
             if phases is not None:
                 cfg.spread_render_phases = phases  # read as each new session opens
             if fmt is not None:
@@ -171,7 +175,8 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
             None if rows is None else f"MuseTalk features every {rows * 20} ms",
             None if mode is None else f"compose: {mode}",
             None if fmt is None else f"{fmt} chunks",
-            None if phases is None else f"render phases {'spread' if phases else 'as started'}") if part)
+            None if phases is None else f"render phases {'spread' if phases else 'as started'}",
+            None if filled is None else f"render batches {'filled to their buckets' if filled else 'as queued'}") if part)
         out.append((label, apply))
     return out
 
@@ -407,8 +412,8 @@ async def run_level(url: str, n: int, args, pcm, sr, clients: ClientPool | None 
 
     def delta(stage: str | None) -> dict[str, float]:
         names = [e for e in rb_after if (e.split("/", 1)[1] if "/" in e else None) == stage]
-        return {k: sum(rb_after[e][k] - rb_before.get(e, {}).get(k, 0) for e in names)
-                for k in ("requests", "batches", "frames", "wait_s_total", "busy_s_total")} if names else {}
+        keys = ("requests", "batches", "frames", "wait_s_total", "busy_s_total", "bucket_frames", "split_requests")
+        return {k: sum(rb_after[e].get(k, 0) - rb_before.get(e, {}).get(k, 0) for e in names) for k in keys} if names else {}
 
     d, audio, motion = delta(None), delta("audio"), delta("motion")
     renders = sum(s.get("renders", 0) for s in live)
@@ -420,6 +425,9 @@ async def run_level(url: str, n: int, args, pcm, sr, clients: ClientPool | None 
         "batch_frames_mean": d["frames"] / d["batches"] if d.get("batches") else 0.0,
         "requests_per_batch": d["requests"] / d["batches"] if d.get("batches") else 0.0,
         "request_frames_mean": d["frames"] / d["requests"] if d.get("requests") else 0.0,
+        # frames rendered / frames the batches ran as (their buckets): 1.0 = no padding (0 where unknown)
+        "bucket_fill": d["frames"] / d["bucket_frames"] if d.get("bucket_frames") else 0.0,
+        "split_requests": d.get("split_requests", 0),
         "render_wait_ms_mean": 1e3 * d["wait_s_total"] / d["requests"] if d.get("requests") else 0.0,
         "render_busy_share": d["busy_s_total"] / args.duration if d else 0.0,
         "audio_busy_share": audio["busy_s_total"] / args.duration if audio else 0.0,
@@ -476,6 +484,8 @@ def main() -> None:
     ap.add_argument("--format", default="nv12",
                     help="what the clients ask for: nv12 (raw frames), h264 (encoded chunks), or a comma-separated list to sweep")
     ap.add_argument("--chunk-frames", type=int, default=2)
+    ap.add_argument("--fill-render-batches", default=None,
+                    help="ServerConfig.fill_render_batches: on, off, or off,on to sweep (server started here)")
     ap.add_argument("--spread-render-phases", default=None,
                     help="ServerConfig.spread_render_phases: on, off, or off,on to sweep (server started here)")
     ap.add_argument("--stagger-s", type=float, default=0.0,
@@ -538,6 +548,7 @@ def main() -> None:
     args.front_end_streams = on_off_list(args.front_end_streams)  # checked before a server starts
     args.send_on_clock = on_off_list(args.send_on_clock, "--send-on-clock")
     args.spread_render_phases = on_off_list(args.spread_render_phases, "--spread-render-phases")
+    args.fill_render_batches = on_off_list(args.fill_render_batches, "--fill-render-batches")
     args.compose = compose_list(args.compose)
     args.formats = format_list(args.format)
     args.format = args.formats[0]
@@ -554,7 +565,7 @@ def main() -> None:
     cols = [("sessions", "d"), ("switch_interval_ms", "g"), ("render_lead_ms", "g"), ("send_on_clock", "d"), ("render_ahead", "d"), ("prebuffer_ms", "g"), ("render_in_flight", "d"), ("front_end_streams", "d"), ("sustained", "d"), ("refused", "d"), ("errors", "d"), ("fps_min", ".1f"), ("fps_median", ".1f"), ("jitter_p95_ms", ".1f"), ("late_p50_ms", ".1f"),
             ("late_p95_ms", ".1f"), ("late_max_ms", ".1f"), ("server_fps", ".1f"), ("loop_lag_p95_ms", ".1f"), ("loop_lag_max_ms", ".0f"), ("speaking_share", ".2f"), ("rss_before_mb", ".0f"),
             ("rss_peak_mb", ".0f"), ("rss_after_mb", ".0f"), ("gpu_before_mb", ".0f"), ("gpu_peak_mb", ".0f"), ("gpu_after_mb", ".0f"),
-            ("batch_frames_mean", ".1f"), ("requests_per_batch", ".2f"), ("request_frames_mean", ".1f"), ("render_wait_ms_mean", ".1f"), ("render_busy_share", ".2f"), ("audio_busy_share", ".2f"),
+            ("batch_frames_mean", ".1f"), ("requests_per_batch", ".2f"), ("request_frames_mean", ".1f"), ("bucket_fill", ".2f"), ("split_requests", "d"), ("render_wait_ms_mean", ".1f"), ("render_busy_share", ".2f"), ("audio_busy_share", ".2f"),
             ("audio_rows_per_call", ".1f"), ("motion_busy_share", ".2f"),
             ("session_render_call_ms", ".1f"), ("session_render_wait_ms", ".1f"), ("session_copy_out_ms", ".1f"), ("short_render_share", ".2f"),
             ("driving_ahead_frames", ".1f"), ("underrun_ms_per_session", ".0f"), ("skipped_frames_per_session", ".1f")]
@@ -592,7 +603,8 @@ def run_levels(args, url: str, pcm, sr, levels: list, clients: ClientPool | None
                      "front_end_streams": bool(getattr(server_cfg, "front_end_streams", False)),
                      "live_update_rows": live_update_rows() if server_cfg is not None else None,
                      "compose": getattr(server_cfg, "compose", None), "format": args.format,
-                     "spread_render_phases": bool(getattr(server_cfg, "spread_render_phases", False))})
+                     "spread_render_phases": bool(getattr(server_cfg, "spread_render_phases", False)),
+                     "fill_render_batches": bool(getattr(server_cfg, "fill_render_batches", False))})
         r = rows[-1]
         refused = f"{r['refused']} refused (render capacity), " if r["refused"] else ""
         print(f"[{time.monotonic() - t0:.0f} s] {n} sessions: {r['sustained']} sustained, {refused}{r['errors']} errors {r['error_samples'] or ''}",

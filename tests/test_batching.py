@@ -102,6 +102,56 @@ def test_max_frames_splits_batches_and_order_is_kept(two_layers):
         torch.testing.assert_close(g, d, atol=PIXEL_ATOL, rtol=0)
 
 
+class BucketedClassic(CountingClassic):
+    """The classic engine as a compiled engine looks to its batcher: batches run as buckets of 4, 8, 12."""
+
+    def render_buckets(self):
+        return (4, 8, 12)
+
+
+def _filled(two_layers, sizes, fill: bool, bad: int | None = None):
+    """`sizes` requests queued on a bucketed batcher (max 12 frames), filling buckets or not; request
+    `bad` asks for frames past its avatar. (engine, batcher, futures, requests)."""
+    eng = BucketedClassic()
+    layers = [eng.load_avatar(p) for p in two_layers]
+    reqs = _requests(eng, layers, sizes)
+    if bad is not None:
+        layer, d, _ = reqs[bad]
+        reqs[bad] = (layer, d, torch.full((d.shape[0],), 10_000))
+    b = RenderBatcher(eng, max_frames=12, autostart=False, fill_buckets=fill)
+    futures = [b.submit(*r) for r in reqs]
+    b.start()
+    for f in futures:
+        f.exception(timeout=60)  # done, one way or the other
+    return eng, b, futures, reqs
+
+
+def test_filling_buckets_splits_a_request_across_batches_and_every_caller_gets_its_frames(two_layers):
+    """Four requests of 5 frames: as queued they run as 10 + 10 frames in buckets of 12 (4 padding
+    frames); filled, as 12 + 8, with the third request's 5 frames split 2 + 3 over the two batches."""
+    eng, b, futures, reqs = _filled(two_layers, [5, 5, 5, 5], fill=False)
+    assert eng.calls == [2, 2] and (b.stats.frames, b.stats.bucket_frames, b.stats.split_requests) == (20, 24, 0)
+    b.close()
+    eng, b, futures, reqs = _filled(two_layers, [5, 5, 5, 5], fill=True)
+    assert eng.calls == [3, 2]  # the head of the third request joined the first batch
+    assert (b.stats.frames, b.stats.bucket_frames, b.stats.split_requests) == (20, 20, 1)
+    for f, r in zip(futures, reqs):
+        got = f.result()
+        assert got.shape[0] == 5
+        torch.testing.assert_close(got, eng.render(*r), atol=PIXEL_ATOL, rtol=0)
+    b.close()
+
+
+def test_a_split_request_that_fails_fails_whole_and_alone(two_layers):
+    eng, b, futures, reqs = _filled(two_layers, [5, 5, 5, 5], fill=True, bad=2)
+    with pytest.raises((IndexError, RuntimeError)):
+        futures[2].result()
+    for k in (0, 1, 3):
+        torch.testing.assert_close(futures[k].result(), eng.render(*reqs[k]), atol=PIXEL_ATOL, rtol=0)
+    assert b.render(*reqs[0]).shape[0] == 5  # still serving
+    b.close()
+
+
 def test_a_bad_request_fails_alone(two_layers):
     eng = CountingClassic()
     layers = [eng.load_avatar(p) for p in two_layers]
@@ -173,6 +223,20 @@ def test_neural_engines_batch_across_avatars(name, two_layers, tmp_path):
         assert t.shape == a.shape
         # equal up to batch-size-dependent float rounding (MuseTalk rounds faces to 8-bit levels: one level;
         # Ditto's seeded decoder amplifies rounding: 1.5 levels seen on an AVX2-only CPU)
+        diff = (t - a).abs()
+        assert float(diff.max()) <= (1.0 + 1e-3 if name == "musetalk" else 3.0) and float(diff.mean()) < 0.01
+    # requests split across batches to fill buckets (as a compiled engine's; eager on the CPU has none) are
+    # joined back into the frames each request gets alone
+    assert eng.render_buckets() is None
+    b = RenderBatcher(eng, max_frames=4, autostart=False, fill_buckets=True)
+    b.buckets = (2, 4)
+    futures = [b.submit(*r) for r in reqs]
+    b.start()
+    split = [f.result(timeout=300) for f in futures]
+    b.close()
+    assert b.stats.split_requests >= 2 and b.stats.frames == b.stats.bucket_frames == 12
+    for t, a in zip(split, alone):
+        assert t.shape == a.shape
         diff = (t - a).abs()
         assert float(diff.max()) <= (1.0 + 1e-3 if name == "musetalk" else 3.0) and float(diff.mean()) < 0.01
 

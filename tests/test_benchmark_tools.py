@@ -71,11 +71,13 @@ def test_the_load_test_sweeps_server_settings_on_one_running_server(tmp_path):
     # the clients run in two child processes, started once: each level's first second already has frames
     cmd = [sys.executable, "-m", "benchmarks.load_test", "--engine", "classic", "--device", "cpu", "--size", "256",
            "--sessions", "2", "--duration", "2", "--format", "nv12,h264", "--spread-render-phases", "on",
-           "--stagger-s", "0.5", "--client-processes", "2", "--json", str(out)]
+           "--stagger-s", "0.5", "--client-processes", "2", "--fill-render-batches", "off,on", "--json", str(out)]
     done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(out.read_text())
-    assert [(r["sessions"], r["format"], r["spread_render_phases"]) for r in rows] == [(2, "nv12", True), (2, "h264", True)]
+    assert [(r["sessions"], r["format"], r["spread_render_phases"], r["fill_render_batches"]) for r in rows] == [
+        (2, "nv12", True, False), (2, "nv12", True, True), (2, "h264", True, False), (2, "h264", True, True)]
+    assert all(r["bucket_fill"] == 0 and r["split_requests"] == 0 for r in rows)  # the classic engine has no buckets
     assert all(r["errors"] == 0 and r["fps_median"] > 0 for r in rows), rows
     assert all(r["server_fps_timeline"][0] > 0 for r in rows), [r["server_fps_timeline"] for r in rows]
     # a render budget on the server: the sessions past it are refused and counted apart, not as late

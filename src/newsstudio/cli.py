@@ -407,6 +407,10 @@ def serve(
     spread_render_phases: bool = typer.Option(True, "--spread-render-phases/--no-spread-render-phases",
                                               help="Give each live session its own render phase so sessions that "
                                               "start together do not ask for frames together (many streams per GPU)."),
+    fill_render_batches: bool = typer.Option(False, "--fill-render-batches/--no-fill-render-batches",
+                                             help="Under load, split a live render request to fill the shared batch "
+                                             "up to the CUDA-graph bucket it runs as (its other frames come one batch "
+                                             "later); not yet measured on a GPU."),
 ) -> None:
     """Start the HTTP/WebSocket/WebRTC server with the web page at /."""
     from .engines.batching import check_compose
@@ -441,7 +445,8 @@ def serve(
                        render_ahead=render_ahead, prebuffer_s=prebuffer_ms / 1000, front_end_streams=front_end_streams,
                        front_end_tf32=front_end_tf32, triton_convs=triton_convs,
                        render_in_flight=render_in_flight, render_lead_s=render_lead_ms / 1000, compose=compose,
-                       spread_render_phases=spread_render_phases, max_render_fps=max_render_fps)
+                       spread_render_phases=spread_render_phases, max_render_fps=max_render_fps,
+                       fill_render_batches=fill_render_batches)
     uvicorn.Server(uvicorn_config(create_app(cfg), host=host, port=port, log_level="info")).run()
 
 

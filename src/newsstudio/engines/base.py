@@ -171,6 +171,12 @@ class Engine(ABC):
         frame_idx: (B,) source-frame index of each output frame (ping-pong already applied).
         """
 
+    def render_buckets(self) -> tuple[int, ...] | None:
+        """The batch sizes `render_many` runs as, a batch padded up to the smallest that holds it (a
+        compiled engine's CUDA-graph buckets); None where a batch runs at its own size. A server's
+        render batcher fills its batches up to them under load (`batching` module doc)."""
+        return None
+
     def render_many(self, items: list[tuple[AvatarLayer, torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
         """`render` for several (layer, driving, frame_idx) requests at once (batching.RenderBatcher):
         one output per item, in order. This default makes one `render` call per layer with that

@@ -22,8 +22,9 @@ class EnginePool:
     def __init__(self, default: str, device: torch.device, weights: str, models: Any, accel: str = "auto",
                  batch_sessions: bool = True, front_end_streams: bool = True, render_in_flight: int = 0,
                  stall_s: float | None = None, front_end_tf32: bool = True, compose: str = "stream",
-                 triton_convs: str = "off"):
+                 triton_convs: str = "off", fill_render_batches: bool = False):
         self.device = device
+        self.fill_render_batches = fill_render_batches
         self.compose = check_compose(compose)  # ServerConfig.compose (checked before any session): the render batchers' mode
         self.front_end_tf32 = front_end_tf32
         self.triton_convs = check_triton_convs(triton_convs)  # before any session
@@ -90,7 +91,8 @@ class EnginePool:
         with self._locks[name]:
             b = self._batchers.get(name)
             if b is None:
-                b = self._batchers[name] = RenderBatcher(eng, max_in_flight=self.render_in_flight, compose=self.compose)
+                b = self._batchers[name] = RenderBatcher(eng, max_in_flight=self.render_in_flight, compose=self.compose,
+                                                             fill_buckets=self.fill_render_batches)
                 b.stall_s = self.stall_s
                 for stage, shared in eng.use_stream_batchers(own_streams=self.front_end_streams).items():  # audio encoders, Ditto's LMDM windows
                     self._batchers[f"{name}/{stage}"] = shared
@@ -104,6 +106,14 @@ class EnginePool:
         for b in list(self._batchers.values()):
             if isinstance(b, RenderBatcher):
                 b.set_max_in_flight(n)
+
+    def set_fill_render_batches(self, on: bool) -> None:
+        """`ServerConfig.fill_render_batches` for the render batchers made from now on and those running
+        (their next batches)."""
+        self.fill_render_batches = bool(on)
+        for b in list(self._batchers.values()):
+            if isinstance(b, RenderBatcher):
+                b.fill_buckets = self.fill_render_batches
 
     def set_compose(self, mode: str) -> None:
         """`ServerConfig.compose` for the render batchers made from now on and those running (their

@@ -308,6 +308,10 @@ class MuseTalkEngine(Engine):
         return AvatarLayer(self.name, packet, dev, (hr, wr), origins, masks,
                            {"latents": latents, "grid_x": gx, "grid_y": gy})
 
+    def render_buckets(self) -> tuple[int, ...] | None:
+        """The face runner's CUDA-graph buckets in a compiled mode (eager runs a batch as it is)."""
+        return None if self._face_runner.mode == "eager" else tuple(self._face_runner.buckets())
+
     # -- stages -----------------------------------------------------------------------------
     def conditioner(self, fps: float) -> FrameQueue:
         return MuseTalkConditioner(self.models.whisper_encoder, fps, self.sample_rate, states_fn=self.whisper_states)
