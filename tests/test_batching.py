@@ -142,6 +142,14 @@ def test_filling_buckets_splits_a_request_across_batches_and_every_caller_gets_i
     b.close()
 
 
+def test_a_render_batcher_batches_up_to_the_engines_largest_bucket(two_layers):
+    """A batch larger than the largest bucket would run as several graphs: the batcher stops there
+    (32 frames where the engine runs batches as they come)."""
+    assert RenderBatcher(BucketedClassic(), autostart=False).max_frames == 12
+    assert RenderBatcher(CountingClassic(), autostart=False).max_frames == 32
+    assert RenderBatcher(BucketedClassic(), max_frames=8, autostart=False).max_frames == 8
+
+
 def test_a_split_request_that_fails_fails_whole_and_alone(two_layers):
     eng, b, futures, reqs = _filled(two_layers, [5, 5, 5, 5], fill=True, bad=2)
     with pytest.raises((IndexError, RuntimeError)):

@@ -412,13 +412,16 @@ class RenderBatcher(Batcher[tuple[AvatarLayer, torch.Tensor, torch.Tensor], torc
     the session's own batch only, so the splice and copy run next to the following batch instead
     of after it."""
 
-    def __init__(self, engine: Engine, max_frames: int = 32, window_s: float = 0.0, autostart: bool = True,
+    def __init__(self, engine: Engine, max_frames: int | None = None, window_s: float = 0.0, autostart: bool = True,
                  max_in_flight: int = 0, compose: str = "session", fill_buckets: bool = False):
+        buckets = engine.render_buckets()
+        if max_frames is None:  # the engine's largest bucket (a larger batch would run as several), else 32
+            max_frames = max(buckets) if buckets else 32
         super().__init__(engine.render_many, lambda item: int(item[2].shape[0]), max_frames=max_frames,
                          window_s=window_s, autostart=autostart, name=f"render-batcher-{engine.name}",
                          device=engine.device, max_in_flight=max_in_flight, split=_split_render, join=torch.cat)
         self.engine = engine
-        self.buckets = engine.render_buckets()
+        self.buckets = buckets
         self.fill_buckets = bool(fill_buckets)
         self.compose = check_compose(compose)
         self._compose_stream: torch.cuda.Stream | None = None
