@@ -192,6 +192,8 @@ def test_bucketed_runner_explicit_sizes_pad_less_and_compile_once():
 
     runner = BucketedRunner(fn, "compile", sizes=RENDER_BUCKETS, backend=counter, allow_cpu_compile=True)
     assert runner.buckets() == [4, 8, 12, 16, 24, 32]
+    assert runner.padded_sizes() == (4, 8, 12, 16, 24, 32)  # what a server's render batcher fills up to
+    assert BucketedRunner(fn, "eager", sizes=RENDER_BUCKETS).padded_sizes() is None  # eager pads nothing
     assert [runner.bucket_for(n) for n in (1, 9, 12, 13, 17, 25, 70)] == [4, 12, 12, 16, 24, 32, 32]
     for n in (9, 17, 70):
         x = torch.randn(n, 4)

@@ -505,6 +505,10 @@ class BucketedRunner:
         """Every bucket size, smallest first."""
         return list(self._sizes)
 
+    def padded_sizes(self) -> tuple[int, ...] | None:
+        """The sizes a call is padded up to (its buckets); None in eager mode, which runs a call as it is."""
+        return None if self.mode == "eager" else tuple(self._sizes)
+
     def warm_up(self, example_inputs: Sequence[torch.Tensor]) -> float:
         """Prepare (compile once, capture each graph) every bucket from one example row per input;
         returns the seconds spent. A no-op in eager mode."""

@@ -130,7 +130,8 @@ class Batcher(Generic[T, R]):
     def __init__(self, run_many: Callable[[list[T]], list[R]], size_of: Callable[[T], int], *, max_frames: int = 32,
                  window_s: float = 0.0, autostart: bool = True, name: str = "batcher",
                  device: torch.device | str | None = None, own_stream: bool = False, max_in_flight: int = 0,
-                 split: "Callable[[T, int], tuple[T, T]] | None" = None, join: "Callable[[list[R]], R] | None" = None):
+                 split: "Callable[[T, int], tuple[T, T]] | None" = None, join: "Callable[[list[R]], R] | None" = None,
+                 buckets: tuple[int, ...] | None = None, fill_buckets: bool = False):
         if max_frames < 1:
             raise ValueError(f"max_frames must be >= 1, got {max_frames}")
         self.device = torch.device(device) if device is not None else None
@@ -142,8 +143,8 @@ class Batcher(Generic[T, R]):
         self._stream: torch.cuda.Stream | None = None
         self.run_many, self.size_of = run_many, size_of
         self.split, self.join = split, join
-        self.buckets: tuple[int, ...] | None = None  # the sizes batches run as (None: as they come)
-        self.fill_buckets = False  # see the module doc; needs buckets, split and join
+        self.buckets = buckets  # the sizes batches run as (None: as they come)
+        self.fill_buckets = bool(fill_buckets)  # see the module doc; needs buckets, split and join
         self._carry: deque[_Request[T]] = deque()  # split tails: first into the next batch (worker thread only)
         self.max_frames = int(max_frames)
         self.window_s = float(window_s)
@@ -255,8 +256,6 @@ class Batcher(Generic[T, R]):
             if req is None:
                 stop = True
                 break
-            if req.future.done():  # its split head failed: nothing left to render
-                continue
             if n + req.size > self.max_frames:
                 head = self._split_off(req, n)
                 if head is None:
@@ -419,10 +418,9 @@ class RenderBatcher(Batcher[tuple[AvatarLayer, torch.Tensor, torch.Tensor], torc
             max_frames = max(buckets) if buckets else 32
         super().__init__(engine.render_many, lambda item: int(item[2].shape[0]), max_frames=max_frames,
                          window_s=window_s, autostart=autostart, name=f"render-batcher-{engine.name}",
-                         device=engine.device, max_in_flight=max_in_flight, split=_split_render, join=torch.cat)
+                         device=engine.device, max_in_flight=max_in_flight, split=_split_render, join=torch.cat,
+                         buckets=buckets, fill_buckets=fill_buckets)
         self.engine = engine
-        self.buckets = buckets
-        self.fill_buckets = bool(fill_buckets)
         self.compose = check_compose(compose)
         self._compose_stream: torch.cuda.Stream | None = None
 

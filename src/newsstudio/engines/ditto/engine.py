@@ -338,9 +338,7 @@ class DittoEngine(Engine):
     def render_buckets(self) -> tuple[int, ...] | None:
         """The warp + decoder's CUDA-graph buckets in a compiled mode; None in eager mode or with a
         stride (its rows render per stream, outside the buckets)."""
-        if self._crop_runner.mode == "eager" or self._strider is not None:
-            return None
-        return tuple(self._crop_runner.buckets())
+        return None if self._strider is not None else self._crop_runner.padded_sizes()
 
     def conditioner(self, fps: float) -> FrameQueue:
         """HuBERT rows at 25 fps whatever the output rate (the driver resamples the motion)."""

@@ -310,7 +310,7 @@ class MuseTalkEngine(Engine):
 
     def render_buckets(self) -> tuple[int, ...] | None:
         """The face runner's CUDA-graph buckets in a compiled mode (eager runs a batch as it is)."""
-        return None if self._face_runner.mode == "eager" else tuple(self._face_runner.buckets())
+        return self._face_runner.padded_sizes()
 
     # -- stages -----------------------------------------------------------------------------
     def conditioner(self, fps: float) -> FrameQueue:
