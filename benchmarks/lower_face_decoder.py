@@ -1,0 +1,206 @@
+"""Decoding only the face rows MuseTalk's blend uses: speed and error next to the full decoder.
+
+    python -m benchmarks.lower_face_decoder [--batch 32] [--first-rows 96,104,112] [--json out.json]
+
+Rows (one process, seeded weights, the engine's dtype):
+
+* ``engine``: the decoder exactly as the engine runs it on CUDA (phase upsampling, channels-last,
+  the NHWC norms with their SiLU), compiled like the engine and replayed from a CUDA graph;
+* ``full``: the same without the NHWC norms (PyTorch's GroupNorm, as the cropped decoder uses);
+* ``lower R``: `LowerFaceDecoder` for output rows ``[R, 256)`` over that decoder, the skipped rows'
+  GroupNorm statistics an input of the graph.
+
+Error (per first row): faces of the built-in portrait rendered with speech prompts, decoded whole
+and by the lower decoder with the upper statistics recorded from the same face rendered with the
+silence prompt (what an avatar's prebake would store); PSNR over the rows kept, on the 0-255 scale
+the engine rounds to, and the same with the statistics of the same latent (rounding only). Seeded
+weights are a hard case: their upper face changes with the audio (real MuseTalk regenerates it from
+the unmasked reference). ``--device cpu --tiny`` is a smoke run of the script.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+
+from .common import machine, write_json
+
+
+def build(device: str, tiny: bool, nhwc_norms: bool):
+    from newsstudio.engines.musetalk.engine import TINY_UNET_CONFIG, TINY_VAE_CONFIG, MuseTalkEngine
+
+    kw: dict[str, Any] = dict(weights="random", accel="eager", channels_last=device == "cuda", nhwc_norms=nhwc_norms)
+    if tiny:
+        kw.update(unet_config=TINY_UNET_CONFIG, vae_config=TINY_VAE_CONFIG)
+    return MuseTalkEngine(device, **kw)
+
+
+def decoder_inputs(eng, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(speech, silence) decoder inputs ``[n, 4, 32, 32]`` of the built-in portrait's faces: the
+    same faces with the calibration batch's prompts and with the silence prompt."""
+    latents, prompts = eng.calibration_batch(n)
+    idle = eng.idle_prompt()[None].to(prompts.device, prompts.dtype).expand_as(prompts)
+    with torch.inference_mode():
+        def z(p):
+            pred = eng.models.unet(latents, eng._t0, encoder_hidden_states=eng.models.pe(p)).sample
+            return eng._post_quant_conv(pred * eng._scale)
+        return z(prompts), z(idle)
+
+
+def to_levels(decoded: torch.Tensor) -> torch.Tensor:
+    """The engine's post-processing: 0-255 levels."""
+    return torch.round((decoded / 2 + 0.5).clamp(0, 1).float() * 255.0)
+
+
+def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    mse = float(((a.double() - b.double()) ** 2).mean())
+    return 10 * math.log10(255.0 ** 2 / mse) if mse > 0 else float("inf")
+
+
+def accuracy(eng, first_rows: list[int], n: int) -> list[dict[str, Any]]:
+    from newsstudio.engines.musetalk.lower_face_decoder import LowerFaceDecoder
+
+    speech, silence = decoder_inputs(eng, n)
+    rows = []
+    with torch.inference_mode():
+        for r in first_rows:
+            lower = LowerFaceDecoder(eng._vae_decoder, r)
+            full, own_stats = lower.record_upper_stats(speech)
+            _, idle_stats = lower.record_upper_stats(silence)
+            ref = to_levels(full)[:, :, r:]
+            rows.append({"first_row": r, "norms_with_stats": len(lower.plan.norm_starts),
+                         "psnr_db_silence_stats": round(psnr(to_levels(lower(speech, idle_stats)), ref), 2),
+                         "psnr_db_own_stats": round(psnr(to_levels(lower(speech, own_stats)), ref), 2)})
+    return rows
+
+
+def flops(eng, first_rows: list[int]) -> dict[str, float]:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from newsstudio.engines.musetalk.lower_face_decoder import LowerFaceDecoder
+
+    dec = eng._vae_decoder
+    z = torch.zeros((1, dec.conv_in.in_channels, 32, 32), device=eng.device, dtype=eng.dtype)
+    out = {}
+    with torch.inference_mode():
+        for r in [0] + first_rows:
+            fn = dec if r == 0 else LowerFaceDecoder(dec, r)
+            args = (z,) if r == 0 else (z, torch.zeros((1, len(fn.plan.norm_starts), fn.groups, 2), device=z.device))
+            with FlopCounterMode(display=False) as fc:
+                fn(*args)
+            out["full" if r == 0 else f"lower {r}"] = round(fc.get_total_flops() / 1e9, 1)
+    return out
+
+
+def _graphed(fn, args: tuple[torch.Tensor, ...]):
+    """``fn`` captured in a CUDA graph over static copies of ``args``, as the engine replays it."""
+    static = tuple(a.clone() for a in args)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(*static)
+
+    def replay(*inputs):
+        for s, a in zip(static, inputs):
+            s.copy_(a)
+        graph.replay()
+        return out
+    return replay
+
+
+def time_ms(fn, args: tuple[torch.Tensor, ...], iters: int, device: str) -> float:
+    times = []
+    for _ in range(iters):
+        if device == "cuda":
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn(*args)
+            e.record()
+            torch.cuda.synchronize()
+            times.append(s.elapsed_time(e))
+        else:
+            t = time.perf_counter()
+            fn(*args)
+            times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def speed(name: str, fn, args: tuple[torch.Tensor, ...], device: str, iters: int, compile_mode: str) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    compiled = torch.compile(fn, mode=compile_mode if device == "cuda" else None, dynamic=False)
+    with torch.inference_mode():
+        compiled(*args)
+        row: dict[str, Any] = {"variant": name, "compile_s": round(time.perf_counter() - t0, 1),
+                               "ms_no_graph": round(time_ms(compiled, args, iters, device), 3)}
+        if device == "cuda":
+            row["ms_graphed"] = round(time_ms(_graphed(compiled, args), args, iters, device), 3)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--first-rows", default="96,104,112")
+    ap.add_argument("--faces", type=int, default=8, help="faces in the error measurement")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--compile-mode", default="max-autotune-no-cudagraphs")
+    ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument("--tiny", action="store_true", help="the test-size architecture (a smoke run of the script)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    if args.device == "cuda":
+        torch.backends.cudnn.benchmark = True
+    from newsstudio.engines.musetalk.lower_face_decoder import LowerFaceDecoder
+
+    first_rows = [int(r) for r in args.first_rows.split(",")]
+    plain = build(args.device, args.tiny, nhwc_norms=False)
+    result: dict[str, Any] = {"machine": machine(), "args": vars(args),
+                              "command": "python -m benchmarks.lower_face_decoder " + " ".join(argv or sys.argv[1:])}
+    result["gflop_per_face"] = flops(plain, first_rows)
+    print("GFLOP per face:", result["gflop_per_face"], flush=True)
+    result["accuracy"] = accuracy(plain, first_rows, args.faces)
+    for a in result["accuracy"]:
+        print(f"first row {a['first_row']}: PSNR {a['psnr_db_silence_stats']} dB with the silence face's statistics, "
+              f"{a['psnr_db_own_stats']} dB with its own ({a['norms_with_stats']} norms)", flush=True)
+    rows = []
+    if not args.skip_speed:
+        dec = plain._vae_decoder
+        g = torch.Generator(args.device).manual_seed(0)
+        z = torch.randn((args.batch, dec.conv_in.in_channels, 32, 32), generator=g, device=args.device, dtype=plain.dtype)
+        if args.device == "cuda":
+            z = z.contiguous(memory_format=torch.channels_last)
+            engine_dec = build(args.device, args.tiny, nhwc_norms=True)._vae_decoder
+            variants = [("engine", engine_dec, (z,))]
+        else:
+            variants = []
+        variants.append(("full", dec, (z,)))
+        for r in first_rows:
+            lower = LowerFaceDecoder(dec, r)
+            with torch.inference_mode():
+                _, stats = lower.record_upper_stats(z)
+            variants.append((f"lower {r}", lower, (z, stats)))
+        for name, fn, fargs in variants:
+            try:
+                row = speed(name, fn, fargs, args.device, args.iters, args.compile_mode)
+            except Exception as e:  # one variant failing still reports the others
+                row = {"variant": name, "error": f"{type(e).__name__}: {e}"[:300]}
+            rows.append(row)
+            print("---", ", ".join(f"{k} {v}" for k, v in row.items()), flush=True)
+    result["speed"] = rows
+    write_json(args.json, result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
