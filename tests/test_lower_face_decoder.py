@@ -97,3 +97,18 @@ def test_the_benchmark_reports_error_and_flops(tmp_path):
     assert acc["psnr_db_own_stats"] > 70  # rounding only
     assert 20 < acc["psnr_db_silence_stats"] < acc["psnr_db_own_stats"]
     assert data["gflop_per_face"]["lower 104"] < 0.75 * data["gflop_per_face"]["full"]
+
+
+def test_a_decoder_with_nhwc_norms_that_took_their_silu_gives_the_same_rows(tiny_decoder):
+    """The engine's CUDA decoder: NHWC GroupNorms that apply the following SiLU themselves."""
+    from newsstudio.accel.group_norm_nhwc import fuse_following_silu_, with_nhwc_group_norms
+
+    dec = with_nhwc_group_norms(with_phase_upsampling(tiny_decoder)[0])[0]
+    assert fuse_following_silu_(dec) > 0
+    z = torch.randn(2, 4, 32, 32, generator=torch.Generator().manual_seed(1))
+    lower = LowerFaceDecoder(dec, 104)
+    with torch.no_grad():
+        reference = tiny_decoder(z)
+        full, stats = lower.record_upper_stats(z)
+        torch.testing.assert_close(full, reference, rtol=0, atol=2e-4)
+        torch.testing.assert_close(lower(z, stats), reference[:, :, 104:], rtol=0, atol=2e-4)

@@ -31,8 +31,8 @@ from . import triton_conv
 from .shared_copy import shared_copy_replacing
 from .triton_conv import EXACT_STRIDES, interpreting, triton_available
 
-__all__ = ["NHWCGroupNorm", "fuse_following_silu_", "group_norm_nhwc", "instance_norm_scale_shift", "kernel_fits",
-           "spade_modulate", "spade_norm_nhwc", "with_nhwc_group_norms"]
+__all__ = ["NHWCGroupNorm", "fuse_following_silu_", "group_norm_nhwc", "group_stats", "instance_norm_scale_shift",
+           "kernel_fits", "normalise_groups", "spade_modulate", "spade_norm_nhwc", "with_nhwc_group_norms"]
 
 ELEMENTS_PER_CHUNK = 8192  # pixels x channels one program holds in registers at once (fp32)
 # The statistics kernels: "chunked" (Chan's merge after every chunk: two cross-thread reductions per
@@ -279,15 +279,49 @@ def _(x, scale, shift, gamma_beta, slope):
     return torch.empty_like(x, memory_format=torch.channels_last)
 
 
-def _mean_rstd(partials: torch.Tensor, groups: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Chan's combination of every split and channel of a group: [N, G] mean and 1 / sqrt(var + eps),
+def _mean_var(partials: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chan's combination of every split and channel of a group: [N, G] mean and biased variance,
     float32."""
     n, s, _, c = partials.shape
     count, mean, m2 = partials.reshape(n, s, 3, groups, c // groups).unbind(2)  # each [N, S, G, C/G]
     total = count.sum((1, 3))
     mu = (count * mean).sum((1, 3)) / total
     var = (m2.sum((1, 3)) + (count * (mean - mu[:, None, :, None]).square()).sum((1, 3))) / total
+    return mu, var
+
+
+def _mean_rstd(partials: torch.Tensor, groups: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    mu, var = _mean_var(partials, groups)
     return mu, torch.rsqrt(var + eps)
+
+
+def group_stats(x: torch.Tensor, groups: int, statistics: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, G] float32 mean and biased variance of each group of ``x`` [N, C, H, W]: by the Triton
+    statistics kernel where `kernel_fits` (no copy of a channels-last ``x``), else ``torch.var_mean``."""
+    if kernel_fits(x, groups):
+        return _mean_var(_partials(x, statistics), groups)
+    var, mean = torch.var_mean(x.float().reshape(x.shape[0], groups, -1), dim=-1, correction=0)
+    return mean, var
+
+
+def normalise_groups(x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, weight: torch.Tensor | None,
+                     bias: torch.Tensor | None, eps: float, *, silu: bool = False,
+                     apply_kernel: bool = False) -> torch.Tensor:
+    """GroupNorm's normalisation of ``x`` with the given [N, G] statistics, as one per-channel scale
+    and shift (then SiLU): by the apply kernel with ``apply_kernel`` on a channels-last CUDA ``x``,
+    else as tensor ops that torch.compile fuses with their neighbours; ``x``'s dtype and layout."""
+    c, groups = x.shape[1], mean.shape[1]
+    scale = torch.rsqrt(var + eps).repeat_interleave(c // groups, dim=1)  # [N, C]
+    if weight is not None:
+        scale = scale * weight.float()
+    shift = -mean.repeat_interleave(c // groups, dim=1) * scale
+    if bias is not None:
+        shift = shift + bias.float()
+    if (apply_kernel and x.is_cuda and x.dim() == 4
+            and not (torch.is_grad_enabled() and (scale.requires_grad or shift.requires_grad or x.requires_grad))):
+        return _norm_apply(x, scale, shift, silu)  # (no backward formula: the tensor ops below have one)
+    y = (x.float() * scale[:, :, None, None] + shift[:, :, None, None]).to(x.dtype)
+    return F.silu(y) if silu else y
 
 
 def group_norm_nhwc(x: torch.Tensor, groups: int, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
@@ -302,18 +336,8 @@ def group_norm_nhwc(x: torch.Tensor, groups: int, weight: torch.Tensor | None = 
     if not kernel_fits(x, groups) or x.shape[2] * x.shape[3] < min_pixels:
         y = F.group_norm(x, groups, weight, bias, eps)
         return F.silu(y) if silu else y
-    n, c = x.shape[:2]
-    mu, rstd = _mean_rstd(_partials(x, statistics), groups, eps)
-    scale = rstd.repeat_interleave(c // groups, dim=1)  # [N, C]
-    if weight is not None:
-        scale = scale * weight.float()
-    shift = -mu.repeat_interleave(c // groups, dim=1) * scale
-    if bias is not None:
-        shift = shift + bias.float()
-    if apply_kernel and not (torch.is_grad_enabled() and (scale.requires_grad or shift.requires_grad or x.requires_grad)):
-        return _norm_apply(x, scale, shift, silu)  # (no backward formula: the tensor ops below have one)
-    y = (x.float() * scale[:, :, None, None] + shift[:, :, None, None]).to(x.dtype)
-    return F.silu(y) if silu else y
+    mean, var = _mean_var(_partials(x, statistics), groups)
+    return normalise_groups(x, mean, var, weight, bias, eps, silu=silu, apply_kernel=apply_kernel)
 
 
 def instance_norm_scale_shift(x: torch.Tensor, eps: float = 1e-5,

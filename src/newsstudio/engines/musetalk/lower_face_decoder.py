@@ -18,7 +18,9 @@ approximation whose error is measured next to its speed (benchmarks/lower_face_d
 
 Convolutions run as the modules are (padding 1 all round, also the phase-upsampling rewrite of
 accel/upsample_conv.py); a cropped input's first output row saw zero padding instead of the row
-above it, so it is dropped: one extra row per conv instead of a second set of conv modules.
+above it, so it is dropped: one extra row per conv instead of a second set of conv modules. Norms
+that see the cropped rows use accel/group_norm_nhwc.py's statistics and apply kernels on the GPU
+(with the SiLU an NHWC norm took in), so the engine's decoder, NHWC norms and all, works unchanged.
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+
+from ...accel.group_norm_nhwc import group_stats, normalise_groups
 
 FULL_ROWS = 256  # MuseTalk decodes 32x32 latents to 256x256 faces
 
@@ -91,22 +95,6 @@ def combine_group_stats(upper: torch.Tensor, n_upper: int, live_mean: torch.Tens
     return mean, var
 
 
-def _group_var_mean(x: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
-    b = x.shape[0]
-    var, mean = torch.var_mean(x.float().reshape(b, groups, -1), dim=-1, correction=0)
-    return mean, var
-
-
-def _normalise(x: torch.Tensor, gn: nn.GroupNorm, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
-    """GroupNorm's affine normalisation with given per-group statistics, as one per-channel
-    scale and shift (keeps channels_last tensors in their layout)."""
-    per = x.shape[1] // gn.num_groups
-    inv = torch.rsqrt(var + gn.eps).repeat_interleave(per, dim=1)  # [B, C]
-    scale = inv * gn.weight.float()
-    shift = gn.bias.float() - mean.repeat_interleave(per, dim=1) * scale
-    return (x.float() * scale[:, :, None, None] + shift[:, :, None, None]).to(x.dtype)
-
-
 class LowerFaceDecoder(nn.Module):
     """A diffusers ``Decoder`` (shared, not copied) run for output rows ``[first_row, H)`` only.
 
@@ -118,8 +106,8 @@ class LowerFaceDecoder(nn.Module):
         super().__init__()
         if not 0 < first_row < FULL_ROWS:
             raise ValueError(f"first_row must be in 1..{FULL_ROWS - 1}, got {first_row}")
-        if getattr(decoder, "upsample_type", None) not in (None, "nearest") or not isinstance(decoder.conv_norm_out, nn.GroupNorm):
-            raise ValueError("LowerFaceDecoder needs an AutoencoderKL decoder with GroupNorm output norm")
+        if getattr(decoder, "upsample_type", None) not in (None, "nearest") or not hasattr(decoder.conv_norm_out, "num_groups"):
+            raise ValueError("LowerFaceDecoder needs an AutoencoderKL decoder (GroupNorms, nearest upsampling)")
         self.decoder = decoder
         self.plan = plan_rows(decoder, first_row)
         self.groups = int(decoder.conv_norm_out.num_groups)
@@ -158,13 +146,14 @@ class LowerFaceDecoder(nn.Module):
                 return gn(x)
             i = next(norms)
             if record is not None:
-                mean, var = _group_var_mean(x[:, :, :s], self.groups)
+                mean, var = group_stats(x[:, :, :s], self.groups)
                 record.append(torch.stack([mean, var], dim=-1))
                 return gn(x)
-            live_mean, live_var = _group_var_mean(x, self.groups)
-            per_row = x[0, 0, 0].numel() * (x.shape[1] // self.groups)
+            live_mean, live_var = group_stats(x, self.groups, getattr(gn, "statistics", None))
+            per_row = x.shape[3] * (x.shape[1] // self.groups)
             mean, var = combine_group_stats(upper[:, i].float(), s * per_row, live_mean, live_var, x.shape[2] * per_row)
-            return _normalise(x, gn, mean, var)
+            silu = bool(getattr(gn, "silu", False))  # an NHWC norm that took the following SiLU (fuse_following_silu_)
+            return normalise_groups(x, mean, var, gn.weight, gn.bias, gn.eps, silu=silu, apply_kernel=silu)
 
         def conv(module: nn.Module, x: torch.Tensor, s: int) -> tuple[torch.Tensor, int]:
             y = module(x)
