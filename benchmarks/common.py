@@ -164,7 +164,7 @@ def variant_list(spec: str | None) -> list[str] | None:
 
 TRITON_FLAGS = {"triton": "half", "triton8": "fp8", "triton8s": "fp8-static", "triton8m": "mixed"}  # variant flag -> triton_convs
 VARIANT_FLAGS = ("nchw", "cl", "nobench", "norw", "gn", "nogn", "tf32", "notf32", *TRITON_FLAGS)
-VARIANT_SYNTAX = "ACCEL[:nchw|:cl][:nobench][:norw][:gn|:nogn][:tf32|:notf32][:triton|:triton8|:triton8s|:triton8m]"
+VARIANT_SYNTAX = "ACCEL[:nchw|:cl][:nobench][:norw][:gn|:nogn][:tf32|:notf32][:triton|:triton8|:triton8s|:triton8m][:rowsR]"
 
 
 def kernel_choices() -> dict[str, Any]:
@@ -190,12 +190,14 @@ def parse_variant(spec: str) -> dict[str, Any]:
     for Ditto its front end graphed with TF32 matmuls (':tf32') or in float32 (':notf32'; else the
     engine's default, TF32), and the render convolutions on the Triton kernel in half precision
     (':triton') or FP8 with input scales per call (':triton8'), fixed at build (':triton8s') or on
-    the network's FP8-safe convs only (':triton8m'; accel/igemm_conv.py). Each configuration gets its own copy of the weights
-    (engines/model_cache.py)."""
+    the network's FP8-safe convs only (':triton8m'; accel/igemm_conv.py), and for MuseTalk the VAE
+    decoder for face rows R-255 only (':rows104': ``first_face_row``, engines/musetalk/lower_face_decoder.py).
+    Each configuration gets its own copy of the weights (engines/model_cache.py)."""
     from newsstudio.accel import MODES
 
     accel, *flags = spec.split(":")
-    if accel not in MODES or any(f not in VARIANT_FLAGS for f in flags):
+    rows = [f for f in flags if f.startswith("rows") and f[4:].isdigit()]
+    if accel not in MODES or any(f not in VARIANT_FLAGS and f not in rows for f in flags):
         raise SystemExit(f"--variants: {spec!r} is not {VARIANT_SYNTAX} with ACCEL one of {MODES}")
     kw: dict[str, Any] = {"accel": accel}
     if "nchw" in flags or "cl" in flags:
@@ -211,6 +213,8 @@ def parse_variant(spec: str) -> dict[str, Any]:
     triton = [TRITON_FLAGS[f] for f in flags if f in TRITON_FLAGS]
     if triton:
         kw["triton_convs"] = triton[-1]
+    if rows:
+        kw["first_face_row"] = int(rows[-1][4:])
     return kw
 
 

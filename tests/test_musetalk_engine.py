@@ -466,3 +466,32 @@ def test_channels_last_engine_gets_its_own_weights_and_the_same_faces():
     latents, prompts = torch.randn(2, 8, 32, 32, generator=g), torch.randn(2, 50, 384, generator=g)
     with torch.inference_mode():
         torch.testing.assert_close(nhwc._faces(latents, prompts), plain._faces(latents, prompts), atol=1.0, rtol=0)
+
+
+# ------------------------------------------------------------------------------ lower-face decoding
+
+def test_lower_face_decoding_changes_no_blended_pixel_of_silence_and_refuses_avatars_it_cannot_cover(tiny, video_packet, tmp_path):
+    """``first_face_row``: the rows the blend shows come from the lower decoder. With the silence
+    prompt its skipped-row statistics are the frame's own, so every pixel with alpha equals the
+    whole decode's (rounding aside); speech is an approximation; a row above the blend's first is refused."""
+    from newsstudio.engines.musetalk.prebake import first_blended_face_rows
+
+    layer = tiny.load_avatar(_copy_packet(video_packet, tmp_path / "v"))
+    boxes = layer.packet.tensor("musetalk/boxes").float()
+    first = int(first_blended_face_rows(layer.masks, boxes).min())
+    assert 80 < first < 140  # the blend shows the lower face only (upper half cut, feathered ~20 rows up)
+    lower = MuseTalkEngine("cpu", weights="random", first_face_row=first, **TINY)
+    lower_layer = lower.load_avatar(layer.packet)
+    assert lower_layer.data["upper_stats"].shape[:2] == (layer.n_frames, len(lower._lower_decoder.plan.norm_starts))
+    shown = layer.masks > 0
+    idx = torch.arange(layer.n_frames)
+    silence = tiny.idle_driving(layer.n_frames)
+    a, b = tiny.render(layer, silence, idx), lower.render(lower_layer, silence, idx)
+    assert (a - b).abs()[shown].max() <= 1.0
+    speech = torch.randn(layer.n_frames, 50, 384, generator=torch.Generator().manual_seed(0))
+    a, b = tiny.render(layer, speech, idx), lower.render(lower_layer, speech, idx)
+    mse = float(((a - b)[shown] ** 2).mean())
+    assert 0 < mse < 255.0 ** 2 / 10 ** 2.0  # approximate (> 20 dB), not exact
+    too_low = MuseTalkEngine("cpu", weights="random", first_face_row=first + 8, **TINY)
+    with pytest.raises(PacketError, match=f"uses face rows from {first}"):
+        too_low.load_avatar(layer.packet)

@@ -44,8 +44,9 @@ from ..batching import TensorBatcher
 from ..model_cache import ModelCache
 from .audio_features import SAMPLE_RATE, PositionalEncoding, audio_prompts, encoder_hidden_states, log_mel
 from .frame_queues import MuseTalkConditioner
-from .prebake import (PrebakeOptions, box_grid_axes, grid_from_axes, prebake_mismatch, prebake_musetalk,
-                      resize_with_grid, vae_fingerprint)
+from .lower_face_decoder import LowerFaceDecoder
+from .prebake import (PrebakeOptions, box_grid_axes, first_blended_face_rows, grid_from_axes, prebake_mismatch,
+                      prebake_musetalk, resize_with_grid, vae_fingerprint)
 from .vae import latents_for_unet, scaling_factor_of
 from .weights import (
     UNET_CONFIG,
@@ -144,6 +145,11 @@ class MuseTalkEngine(Engine):
     (``"fp8-static"``: from the built-in portrait rendered with silence and speech, with 2x headroom),
     ``"mixed"`` (fp8-static on the full-resolution block, `FP8_SAFE_DECODER_CONVS`, half elsewhere),
     or by cuDNN (``"off"``, the default until the kernel is measured to pay on the GPU); CUDA only.
+    ``first_face_row``: 0 (default) decodes the whole 256-row face; ``R`` > 0 decodes rows ``R``-255
+    only (lower_face_decoder.py: ~70 % of the decoder's FLOPs at 104), the rows the blend uses; the
+    skipped rows' GroupNorm statistics come from each avatar frame rendered with the silence prompt
+    (computed when the avatar is loaded), an approximation whose error benchmarks/lower_face_decoder.py
+    measures. An avatar whose blend reaches above row ``R`` is refused with the row it needs.
     """
 
     name = "musetalk"
@@ -176,6 +182,7 @@ class MuseTalkEngine(Engine):
         conv_rewrites: bool = True,
         nhwc_norms: bool | None = None,
         triton_convs: str = "off",
+        first_face_row: int = 0,
         unet_config: dict[str, Any] | None = None,
         vae_config: dict[str, Any] | None = None,
     ):
@@ -224,6 +231,7 @@ class MuseTalkEngine(Engine):
         self.triton_convs, self._vae_decoder = with_triton_convs(
             self._vae_decoder, triton_convs, device, copied=self.conv_rewrites or self.nhwc_norms,
             fp8_convs=fp8_safe_decoder_conv)
+        self._lower_decoder = LowerFaceDecoder(self._vae_decoder, first_face_row) if first_face_row else None
         # UNet + decode run as one static-shape callable per batch bucket: CUDA graphs remove the
         # ~2,500 kernel launches per call (tens of ms) that dominate small batches. Eager on CPU.
         self._face_runner = BucketedRunner(self._faces, self.accel, sizes=render_buckets())
@@ -305,8 +313,32 @@ class MuseTalkEngine(Engine):
         if latents.shape != (n, 8, 32, 32) or masks.shape != (n, hr, wr) or origins.shape != (n, 2) or boxes.shape != (n, 4):
             raise PacketError(f"avatar {packet.id!r}: MuseTalk arrays have inconsistent shapes")
         gx, gy = box_grid_axes(boxes, (hr, wr))  # once per avatar: each render batch gathers its frames' rows
-        return AvatarLayer(self.name, packet, dev, (hr, wr), origins, masks,
-                           {"latents": latents, "grid_x": gx, "grid_y": gy})
+        data = {"latents": latents, "grid_x": gx, "grid_y": gy}
+        if self._lower_decoder is not None:
+            self._check_blend_rows(packet, masks, boxes)
+            data["upper_stats"] = self._upper_stats(latents)
+        return AvatarLayer(self.name, packet, dev, (hr, wr), origins, masks, data)
+
+    def _check_blend_rows(self, packet: Packet, masks: torch.Tensor, boxes: torch.Tensor) -> None:
+        """Refuse an avatar whose blend shows face rows the lower decoder does not make."""
+        first = int(first_blended_face_rows(masks, boxes).min())
+        if first < self.first_face_row:
+            raise PacketError(f"avatar {packet.id!r}: its blend mask uses face rows from {first}, but this engine "
+                              f"decodes rows {self.first_face_row}-255 only (first_face_row); use first_face_row <= {first} "
+                              "or 0 (the whole face)")
+
+    def _upper_stats(self, latents: torch.Tensor) -> torch.Tensor:
+        """Per avatar frame, the GroupNorm statistics of the face rows the lower decoder skips, from
+        the frame rendered with the silence prompt: (N, K, G, 2) float32 on the device."""
+        assert self._lower_decoder is not None
+        idle = self.idle_prompt().to(self.device, self.dtype)
+        out = []
+        with torch.inference_mode():
+            for b0 in range(0, latents.shape[0], self.prebake_batch):
+                lat = latents[b0:b0 + self.prebake_batch]
+                z = self._decoder_input(lat, idle[None].expand(lat.shape[0], -1, -1))
+                out.append(self._lower_decoder.record_upper_stats(z)[1])
+        return torch.cat(out)
 
     def render_buckets(self) -> tuple[int, ...] | None:
         """The face runner's CUDA-graph buckets in a compiled mode (eager runs a batch as it is)."""
@@ -343,7 +375,11 @@ class MuseTalkEngine(Engine):
             idxs = [torch.cat([items[k][2].to(dev) for k in run]) for run in runs]
             latents = torch.cat([items[run[0]][0].data["latents"].index_select(0, idx) for run, idx in zip(runs, idxs)])
             prompts = torch.cat([d.to(dev, self.dtype) for _, d, _ in items])
-            faces = self._face_runner(latents, prompts)
+            if self._lower_decoder is None:
+                faces = self._face_runner(latents, prompts)
+            else:
+                upper = torch.cat([items[run[0]][0].data["upper_stats"].index_select(0, idx) for run, idx in zip(runs, idxs)])
+                faces = self._face_runner(latents, prompts, upper)
             out: list[torch.Tensor] = []
             s = 0
             for run, idx in zip(runs, idxs):
@@ -354,10 +390,24 @@ class MuseTalkEngine(Engine):
                 s += n
             return out
 
-    def _faces(self, latents: torch.Tensor, prompts: torch.Tensor) -> torch.Tensor:
-        """UNet step + VAE decode + the official post-processing: (B, 3, 256, 256) float in [0, 255]."""
+    @property
+    def first_face_row(self) -> int:
+        return 0 if self._lower_decoder is None else self._lower_decoder.first_row
+
+    def _decoder_input(self, latents: torch.Tensor, prompts: torch.Tensor) -> torch.Tensor:
+        """UNet step, then AutoencoderKL.decode's scaling and post_quant_conv."""
         pred = self.models.unet(latents, self._t0, encoder_hidden_states=self.models.pe(prompts)).sample
-        decoded = self._vae_decoder(self._post_quant_conv(pred * self._scale))  # AutoencoderKL.decode, untiled
+        return self._post_quant_conv(pred * self._scale)
+
+    def _faces(self, latents: torch.Tensor, prompts: torch.Tensor, upper_stats: torch.Tensor | None = None) -> torch.Tensor:
+        """UNet step + VAE decode + the official post-processing: (B, 3, 256, 256) float in [0, 255].
+        With `first_face_row` and ``upper_stats``, rows above it are not decoded and stay 0 (the
+        blend never shows them: `_check_blend_rows`)."""
+        z = self._decoder_input(latents, prompts)
+        if self._lower_decoder is not None and upper_stats is not None:
+            decoded = torch.nn.functional.pad(self._lower_decoder(z, upper_stats), (0, 0, self.first_face_row, 0), value=-1.0)
+        else:
+            decoded = self._vae_decoder(z)  # AutoencoderKL.decode, untiled
         # the official decode_latents: (x/2 + 0.5).clamp(0, 1) in the model dtype, then float32 * 255, rounded
         return torch.round((decoded / 2 + 0.5).clamp(0, 1).float() * 255.0)
 
@@ -381,7 +431,11 @@ class MuseTalkEngine(Engine):
         """Compile (with a compile mode) and capture UNet + decode and Whisper for every batch bucket."""
         with torch.inference_mode():
             latents = torch.zeros((1, 8, 32, 32), device=self.device, dtype=self.dtype)
-            seconds = self._face_runner.warm_up((latents, self.idle_prompt()[None].to(self.dtype)))
+            inputs: tuple[torch.Tensor, ...] = (latents, self.idle_prompt()[None].to(self.dtype))
+            if self._lower_decoder is not None:
+                k, g = len(self._lower_decoder.plan.norm_starts), self._lower_decoder.groups
+                inputs += (torch.ones((1, k, g, 2), device=self.device, dtype=torch.float32),)
+            seconds = self._face_runner.warm_up(inputs)
             mel = log_mel(torch.zeros(1, SAMPLE_RATE, device=self.device))
             return seconds + self._whisper_runner.warm_up((mel,))
 

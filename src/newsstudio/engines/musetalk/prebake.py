@@ -200,6 +200,19 @@ def grid_from_axes(gx: torch.Tensor, gy: torch.Tensor) -> torch.Tensor:
     return torch.stack([gx[:, None, :].expand(n, hr, wr), gy[:, :, None].expand(n, hr, wr)], dim=-1)
 
 
+def first_blended_face_rows(masks: torch.Tensor, boxes: torch.Tensor, size: int = CROP_SIZE) -> torch.Tensor:
+    """Per frame, the first row of the ``size`` x ``size`` generated face that reaches the frame with
+    a non-zero alpha (``size`` where the alpha is 0 everywhere): the ROI's first row with alpha,
+    mapped through `box_grid`'s resize, minus the bilinear resize's upper tap. ``masks`` (N, Hr, Wr),
+    ``boxes`` (N, 4) ROI-relative ``[x1, y1, x2, y2)``."""
+    rows_used = (masks > 0).any(dim=2)  # (N, Hr)
+    y0 = rows_used.float().argmax(dim=1).float()  # first True (0 when none: handled below)
+    b = boxes.to(torch.float32)
+    src = (y0 + 0.5 - b[:, 1]) * (size / (b[:, 3] - b[:, 1])) - 0.5
+    first = src.floor().clamp(0, size).long()
+    return torch.where(rows_used.any(dim=1), first, torch.full_like(first, size))
+
+
 def resize_into_boxes(crops: torch.Tensor, boxes: torch.Tensor, roi_hw: tuple[int, int]) -> torch.Tensor:
     """Crops (B, 3, S, S) -> (B, Hr, Wr, 3) float32, each resized into its box (bilinear,
     = cv2 INTER_LINEAR up to its fixed-point rounding)."""
