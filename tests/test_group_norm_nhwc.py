@@ -125,6 +125,27 @@ def test_splits_of_several_chunks_and_a_ragged_last_chunk(monkeypatch, statistic
     torch.testing.assert_close(got.double(), ref, rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("statistics", gn.STATISTICS_KERNELS)
+@pytest.mark.parametrize("first_row", [0, 1, 6, 10])
+def test_statistics_of_the_lower_rows_only(monkeypatch, statistics, first_row):
+    """``group_stats(first_row=r)``: the kernel counts an image's rows from r on (a run of pixels in
+    channels-last memory, images a whole image apart), several splits and a ragged chunk included;
+    also under torch.compile (the LowerFaceDecoder's norms)."""
+    monkeypatch.setattr(gn, "ELEMENTS_PER_CHUNK", 256)
+    monkeypatch.setattr(gn, "STREAMING_ELEMENTS_PER_CHUNK", 256)
+    monkeypatch.setattr(gn, "SPLITS_PER_IMAGE", 3)
+    monkeypatch.setattr(gn, "MIN_SPLIT_PIXELS", 8)
+    x = _cl(torch.randn(3, 32, 11, 9, generator=torch.Generator().manual_seed(first_row)) * 2 + 50.0)
+    with KernelCalls() as spy:
+        mean, var = gn.group_stats(x, 8, statistics, first_row=first_row)
+    assert spy.calls == 1
+    ref_var, ref_mean = torch.var_mean(x[:, :, first_row:].double().reshape(3, 8, -1), dim=-1, correction=0)
+    torch.testing.assert_close(mean.double(), ref_mean, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(var.double(), ref_var, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="first_row"):
+        gn.group_stats(x, 8, statistics, first_row=11)
+
+
 def test_instance_norm_is_a_group_per_channel():
     norm = nn.InstanceNorm2d(32)  # Ditto's SPADE norm: affine=False, no running statistics
     fast = NHWCGroupNorm.replacing(norm)

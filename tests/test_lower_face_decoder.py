@@ -32,8 +32,10 @@ def test_lower_rows_equal_the_full_decode_given_the_skipped_rows_statistics(tiny
     assert torch.equal(recorded, full)  # recording does not change the decode
     assert out.shape == (2, 3, 256 - first_row, 256)
     torch.testing.assert_close(out, full[:, :, first_row:], rtol=0, atol=2e-4)
-    # the statistics are what makes it exact: without them the rows come out wrong
-    assert (no_stats - full[:, :, first_row:]).abs().max() > 1e-3
+    if lower.plan.norm_starts:  # the statistics are what makes it exact: without them the rows come out wrong
+        assert (no_stats - full[:, :, first_row:]).abs().max() > 1e-3
+    else:  # rows near the top: nothing is cut, no statistics needed
+        assert first_row < 8 and stats.shape[1] == 0
 
 
 def test_channels_last_decoder_gives_the_same_rows(tiny_decoder):
@@ -68,7 +70,7 @@ def test_bad_statistics_and_rows_are_refused(tiny_decoder):
 
 def test_the_full_size_decoder_does_under_three_quarters_of_the_work():
     """On MuseTalk's real VAE architecture (meta tensors: no weights, no compute) rows 104-255 take
-    ~70 % of the decoder's FLOPs: the 32x32 stage and the mid block's attention stay whole."""
+    ~73 % of the decoder's FLOPs: the 32x32 stage and the mid block's attention stay whole."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with torch.device("meta"):
@@ -81,9 +83,10 @@ def test_the_full_size_decoder_does_under_three_quarters_of_the_work():
         with FlopCounterMode(display=False) as fc, torch.no_grad():
             fn(*args)
         counts.append(fc.get_total_flops())
-    assert 0.6 < counts[1] / counts[0] < 0.72
-    plan = plan_rows(dec, 104)
-    assert dict(plan.steps)["up_blocks.3.resnets.0"] == 97  # the 256x256 stage starts 7 rows above the output
+    assert 0.6 < counts[1] / counts[0] < 0.75
+    cuts = {name: cut for name, cut in plan_rows(dec, 104).steps if cut}
+    # each stage is cut once, at its upsampler's smaller input: the 256x256 stage starts 7 rows above the output
+    assert cuts == {"up_blocks.0.upsamplers.0": 6, "up_blocks.1.upsamplers.0": 20, "up_blocks.2.upsamplers.0": 48}
 
 
 def test_the_benchmark_reports_error_and_flops(tmp_path):

@@ -90,17 +90,18 @@ def _layout(c: int, hw: int, method: str) -> tuple[int, int, int]:
     return block_p, per_split, -(-hw // per_split)
 
 
-def _partials_kernel(x_ptr, out_ptr, HW, CHUNKS, SPLITS,
+def _partials_kernel(x_ptr, out_ptr, HW, STRIDE_N, CHUNKS, SPLITS,
                      C: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr):
     """Program (image n, split s): count, mean and M2 of every channel over the ``CHUNKS`` chunks of
-    ``BLOCK_P`` pixels from pixel ``s * CHUNKS * BLOCK_P`` of image n (groups are formed after); the
-    last split's chunks past the image's end are masked out."""
+    ``BLOCK_P`` pixels from pixel ``s * CHUNKS * BLOCK_P`` of image n's ``HW`` (groups are formed
+    after); the last split's chunks past the end are masked out. Images are ``STRIDE_N`` elements
+    apart (more than ``HW * C`` when only their lower rows are counted)."""
     n = tl.program_id(0)
     s = tl.program_id(1)
     start = s * CHUNKS * BLOCK_P
     offs_c = tl.arange(0, BLOCK_C)
     c_ok = offs_c < C
-    image = x_ptr + n.to(tl.int64) * HW * C
+    image = x_ptr + n.to(tl.int64) * STRIDE_N
     count = tl.zeros((BLOCK_C,), dtype=tl.float32)
     mean = tl.zeros((BLOCK_C,), dtype=tl.float32)
     m2 = tl.zeros((BLOCK_C,), dtype=tl.float32)
@@ -123,7 +124,7 @@ def _partials_kernel(x_ptr, out_ptr, HW, CHUNKS, SPLITS,
     tl.store(row + 2 * C + offs_c, m2, mask=c_ok)
 
 
-def _streaming_partials_kernel(x_ptr, out_ptr, HW, CHUNKS, SPLITS,
+def _streaming_partials_kernel(x_ptr, out_ptr, HW, STRIDE_N, CHUNKS, SPLITS,
                                C: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_P: tl.constexpr):
     """Program (image n, split s): as `_partials_kernel`, but each element of the chunk tile keeps
     its own sums of ``x - shift`` and of its square over the chunks (no reduction in the loop), the
@@ -134,7 +135,7 @@ def _streaming_partials_kernel(x_ptr, out_ptr, HW, CHUNKS, SPLITS,
     start = s * CHUNKS * BLOCK_P  # < HW for every split (_layout)
     offs_c = tl.arange(0, BLOCK_C)
     c_ok = offs_c < C
-    image = x_ptr + n.to(tl.int64) * HW * C
+    image = x_ptr + n.to(tl.int64) * STRIDE_N
     shift = tl.load(image + start.to(tl.int64) * C + offs_c, mask=c_ok, other=0.0).to(tl.float32)
     acc = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
     acc_sq = tl.zeros((BLOCK_P, BLOCK_C), dtype=tl.float32)
@@ -216,29 +217,33 @@ tl = None  # triton.language, bound by `_kernels` (Triton is imported on first u
 
 
 @torch.library.custom_op("newsstudio::group_norm_partials", mutates_args=(), tags=(EXACT_STRIDES,))
-def _group_norm_partials(x: torch.Tensor, method: str) -> torch.Tensor:
-    """[N, splits, 3, C] float32: count, mean, M2 of each channel over each pixel split, by the
-    statistics kernel ``method`` (`STATISTICS_KERNELS`). (Not named ``kernel``: Inductor's fallback
-    for a custom op passes its arguments as keywords to ``FallbackKernel.create(kernel, ...)``.)"""
+def _group_norm_partials(x: torch.Tensor, method: str, first_row: int = 0) -> torch.Tensor:
+    """[N, splits, 3, C] float32: count, mean, M2 of each channel over each pixel split of rows
+    ``first_row`` on, by the statistics kernel ``method`` (`STATISTICS_KERNELS`). (Not named
+    ``kernel``: Inductor's fallback for a custom op passes its arguments as keywords to
+    ``FallbackKernel.create(kernel, ...)``.)"""
     n, c, h, w = x.shape
-    block_p, per_split, splits = _layout(c, h * w, method)
+    hw = (h - first_row) * w
+    block_p, per_split, splits = _layout(c, hw, method)
     out = torch.empty((n, splits, 3, c), dtype=torch.float32, device=x.device)
     x = x.contiguous(memory_format=torch.channels_last)
-    _kernels()[method][(n, splits)](x, out, h * w, per_split // block_p, splits, C=c, BLOCK_C=_block_c(c), BLOCK_P=block_p)
+    rows = x[:, :, first_row:]  # in channels-last memory an image's lower rows are one run of pixels
+    _kernels()[method][(n, splits)](rows, out, hw, h * w * c, per_split // block_p, splits, C=c, BLOCK_C=_block_c(c),
+                                    BLOCK_P=block_p)
     return out
 
 
 @_group_norm_partials.register_fake
-def _(x, method):
+def _(x, method, first_row=0):
     n, c, h, w = x.shape
-    return x.new_empty((n, _layout(c, h * w, method)[2], 3, c), dtype=torch.float32)
+    return x.new_empty((n, _layout(c, (h - first_row) * w, method)[2], 3, c), dtype=torch.float32)
 
 
-def _partials(x: torch.Tensor, statistics: str | None) -> torch.Tensor:
+def _partials(x: torch.Tensor, statistics: str | None, first_row: int = 0) -> torch.Tensor:
     method = statistics or STATISTICS_KERNEL
     if method not in STATISTICS_KERNELS:
         raise ValueError(f"statistics must be one of {STATISTICS_KERNELS}, got {method!r}")
-    return _group_norm_partials(x, method)
+    return _group_norm_partials(x, method, first_row)
 
 
 @torch.library.custom_op("newsstudio::norm_apply_nhwc", mutates_args=(), tags=(EXACT_STRIDES,))
@@ -295,12 +300,17 @@ def _mean_rstd(partials: torch.Tensor, groups: int, eps: float) -> tuple[torch.T
     return mu, torch.rsqrt(var + eps)
 
 
-def group_stats(x: torch.Tensor, groups: int, statistics: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """[N, G] float32 mean and biased variance of each group of ``x`` [N, C, H, W]: by the Triton
-    statistics kernel where `kernel_fits` (no copy of a channels-last ``x``), else ``torch.var_mean``."""
+def group_stats(x: torch.Tensor, groups: int, statistics: str | None = None,
+                first_row: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, G] float32 mean and biased variance of each group of ``x`` [N, C, H, W] over its rows
+    ``first_row`` on: by the Triton statistics kernel where `kernel_fits` (no copy of a channels-last
+    ``x``), else ``torch.var_mean``."""
+    if not 0 <= first_row < x.shape[2]:
+        raise ValueError(f"first_row must be in 0..{x.shape[2] - 1}, got {first_row}")
     if kernel_fits(x, groups):
-        return _mean_var(_partials(x, statistics), groups)
-    var, mean = torch.var_mean(x.float().reshape(x.shape[0], groups, -1), dim=-1, correction=0)
+        return _mean_var(_partials(x, statistics, first_row), groups)
+    rows = x[:, :, first_row:] if first_row else x
+    var, mean = torch.var_mean(rows.float().reshape(x.shape[0], groups, -1), dim=-1, correction=0)
     return mean, var
 
 

@@ -146,7 +146,7 @@ class MuseTalkEngine(Engine):
     ``"mixed"`` (fp8-static on the full-resolution block, `FP8_SAFE_DECODER_CONVS`, half elsewhere),
     or by cuDNN (``"off"``, the default until the kernel is measured to pay on the GPU); CUDA only.
     ``first_face_row``: 0 (default) decodes the whole 256-row face; ``R`` > 0 decodes rows ``R``-255
-    only (lower_face_decoder.py: ~70 % of the decoder's FLOPs at 104), the rows the blend uses; the
+    only (lower_face_decoder.py: ~73 % of the decoder's FLOPs at 104), the rows the blend uses; the
     skipped rows' GroupNorm statistics come from each avatar frame rendered with the silence prompt
     (computed when the avatar is loaded), an approximation whose error benchmarks/lower_face_decoder.py
     measures. An avatar whose blend reaches above row ``R`` is refused with the row it needs.

@@ -3,8 +3,8 @@
 Why: MuseTalk pastes back only the lower face (blend.py zeroes the mask above the face box's middle
 row, then feathers it upward by ~20 of the 256 rows), yet the decoder computes all 256 rows, and it
 is ~60 % of the engine's GPU time. Convolutions are local, so rows ``[first_row, 256)`` of the
-output need only a shrinking band of rows at each earlier layer: computing just that band skips
-~30 % of the decoder's multiply-adds for ``first_row=104`` (the 32x32 stage and the attention of
+output need only a band of rows at each earlier layer: computing just that band skips
+~27 % of the decoder's multiply-adds for ``first_row=104`` (the 32x32 stage and the attention of
 the mid block still run whole).
 
 What is not local: every GroupNorm's mean and variance cover *all* rows. ``LowerFaceDecoder`` takes
@@ -16,11 +16,14 @@ avatar frame decoded once with the silence prompt (MuseTalk regenerates the uppe
 unmasked reference half, so it changes little with speech), which makes the lever an
 approximation whose error is measured next to its speed (benchmarks/lower_face_decoder.py).
 
-Convolutions run as the modules are (padding 1 all round, also the phase-upsampling rewrite of
-accel/upsample_conv.py); a cropped input's first output row saw zero padding instead of the row
-above it, so it is dropped: one extra row per conv instead of a second set of conv modules. Norms
-that see the cropped rows use accel/group_norm_nhwc.py's statistics and apply kernels on the GPU
-(with the SiLU an NHWC norm took in), so the engine's decoder, NHWC norms and all, works unchanged.
+Each resolution stage is cut once, at the input of the upsampler that starts it (the smaller map:
+the one copy per stage), as many rows above the rows the output needs as the stage has convs.
+Convolutions then run as the modules are (padding 1 all round, also the phase-upsampling rewrite of
+accel/upsample_conv.py), on whole maps, no copies between them: each leaves one more wrong row at
+the map's top (it saw the cut or the row above it that did), which is tracked, left out of the norm
+statistics and never reaches the output. Norms use accel/group_norm_nhwc.py's statistics kernel
+over the right rows and its apply kernel on the GPU (with the SiLU an NHWC norm took in), so the
+engine's decoder, NHWC norms and all, works unchanged.
 """
 from __future__ import annotations
 
@@ -35,18 +38,22 @@ FULL_ROWS = 256  # MuseTalk decodes 32x32 latents to 256x256 faces
 
 
 def _conv_start(start: int) -> int:
-    """First valid output row of a padding-1 conv (or nearest-2x + conv at input resolution) over
-    rows ``[start, H)``: the row at ``start`` saw the zero padding unless ``start`` is the top."""
+    """First valid output row of a padding-1 conv over a map whose rows from ``start`` on are valid
+    (those above it are missing or wrong): the row at ``start`` saw them, unless it is the top."""
     return start + 1 if start > 0 else 0
 
 
 @dataclass(frozen=True)
 class RowPlan:
-    """Rows each step of the up path starts at, from the output's ``first_row`` backwards.
+    """Where the up path is cut and which rows each norm sees, for output rows ``[first_row, H)``.
 
-    ``steps``: per step (in call order) its name and the first input row it needs;
-    ``norm_starts``: per GroupNorm of the cropped path (call order), the first row it sees — the
-    rows above it are the ones `upper_stats` summarise (norms that see every row are left out)."""
+    ``steps``: per step (in call order) its name and, for the first step and each upsampler, the
+    first input row it is given (the map is cut there: one copy per stage, of its smallest map),
+    else 0.
+    ``norm_starts``: per GroupNorm whose map lacks rows (call order), its first valid row: rows
+    above it are the ones `upper_stats` summarise (norms that see every row are left out). Within
+    a stage nothing is cut: each conv leaves one more wrong row at the top, which is tracked,
+    left out of the statistics and never reaches the output."""
 
     first_row: int
     steps: tuple[tuple[str, int], ...]
@@ -62,26 +69,43 @@ def _step_names(decoder: nn.Module) -> list[str]:
     return names + ["conv_norm_out", "conv_out"]
 
 
+def _walk_valid_rows(steps: tuple[tuple[str, int], ...]) -> tuple[list[int], int]:
+    """Forward: the first valid row each norm sees, and the output's."""
+    valid, norms = 0, []
+    for name, cut in steps:
+        if valid > cut > 0:
+            raise AssertionError(f"{name}: rows from {valid} valid, cut at {cut}")
+        valid = max(valid, cut)  # a cut map's rows are right; the next conv's top row is not
+        if ".resnets." in name:
+            norms += [valid, _conv_start(valid)]  # norm1 before conv1, norm2 after it
+            valid = _conv_start(_conv_start(valid))
+        elif ".upsamplers." in name:
+            valid = _conv_start(2 * valid)  # nearest 2x, then a 3x3 conv whose top row saw the cut
+        elif name == "conv_norm_out":
+            norms.append(valid)
+        else:
+            valid = _conv_start(valid)
+    return norms, valid
+
+
 def plan_rows(decoder: nn.Module, first_row: int) -> RowPlan:
-    """The band of rows each step needs so that rows ``[first_row, H)`` of the output are exact."""
+    """The latest row each upsampler's input can be cut at so that rows ``[first_row, H)`` of the
+    output are exact (given every norm's statistics), and the rows each norm then sees."""
     names = _step_names(decoder)
-    need, needs = first_row, []
-    for name in reversed(names):  # input start needed for the output start `need`
+    need, cuts = first_row, []
+    for i, name in reversed(list(enumerate(names))):  # the first row needed at each step's input, from the output back
         if ".resnets." in name:
             need = max(need - 2, 0)  # two 3x3 convs
         elif ".upsamplers." in name:
             need = max((need - 1) // 2, 0) if need > 0 else 0  # 3x3 conv at 2x, nearest from half resolution
         elif name == "conv_out":
             need = max(need - 1, 0)
-        needs.append(need)
-    steps = tuple(zip(names, reversed(needs)))
-    norm_starts: list[int] = []
-    for name, start in steps:
-        if ".resnets." in name:
-            norm_starts += [start, _conv_start(start)]  # norm1 before conv1, norm2 after it
-        elif name == "conv_norm_out":
-            norm_starts.append(start)
-    return RowPlan(int(first_row), steps, tuple(s for s in norm_starts if s > 0))
+        cuts.append(need if i == 0 or ".upsamplers." in name else 0)
+    steps = tuple(zip(names, reversed(cuts)))
+    norms, valid = _walk_valid_rows(steps)
+    if valid > first_row:
+        raise AssertionError(f"output rows from {valid} valid, {first_row} asked for")
+    return RowPlan(int(first_row), steps, tuple(v for v in norms if v > 0))
 
 
 def combine_group_stats(upper: torch.Tensor, n_upper: int, live_mean: torch.Tensor, live_var: torch.Tensor,
@@ -133,55 +157,48 @@ class LowerFaceDecoder(nn.Module):
 
     # -- the walk ------------------------------------------------------------------------------
     def _run(self, z: torch.Tensor, upper: torch.Tensor | None, record: list[torch.Tensor] | None) -> torch.Tensor:
-        """Cropping (``record is None``) or whole rows while recording the upper statistics: one
-        walk, so the rows a norm summarises are the same in both."""
-        dec, crop = self.decoder, record is None
+        """Cut (``record is None``) or whole while recording the upper statistics: one walk, so the
+        rows a norm summarises are the same in both. ``top``: the row the map's first row is;
+        ``valid``: its first right row (the rows from ``top`` to it saw a cut or zero padding)."""
+        dec, cut_maps = self.decoder, record is None
         x = dec.mid_block(dec.conv_in(z), None)
         x = x.to(next(iter(dec.up_blocks.parameters())).dtype)
         norms = iter(range(len(self.plan.norm_starts)))
-        start = 0  # first row `x` holds (0 while recording: it holds every row)
+        top = valid = 0
 
-        def norm(gn: nn.GroupNorm, x: torch.Tensor, s: int) -> torch.Tensor:
-            if s == 0:
+        def norm(gn: nn.Module, x: torch.Tensor, valid: int) -> torch.Tensor:
+            if valid == 0:
                 return gn(x)
             i = next(norms)
             if record is not None:
-                mean, var = group_stats(x[:, :, :s], self.groups)
+                mean, var = group_stats(x[:, :, :valid], self.groups)
                 record.append(torch.stack([mean, var], dim=-1))
                 return gn(x)
-            live_mean, live_var = group_stats(x, self.groups, getattr(gn, "statistics", None))
+            live_mean, live_var = group_stats(x, self.groups, getattr(gn, "statistics", None), first_row=valid - top)
             per_row = x.shape[3] * (x.shape[1] // self.groups)
-            mean, var = combine_group_stats(upper[:, i].float(), s * per_row, live_mean, live_var, x.shape[2] * per_row)
+            mean, var = combine_group_stats(upper[:, i].float(), valid * per_row, live_mean, live_var,
+                                            (x.shape[2] - valid + top) * per_row)
             silu = bool(getattr(gn, "silu", False))  # an NHWC norm that took the following SiLU (fuse_following_silu_)
             return normalise_groups(x, mean, var, gn.weight, gn.bias, gn.eps, silu=silu, apply_kernel=silu)
 
-        def conv(module: nn.Module, x: torch.Tensor, s: int) -> tuple[torch.Tensor, int]:
-            y = module(x)
-            if crop and s > 0:
-                y = y[:, :, 1:]
-            return y, _conv_start(s)
-
-        for name, need in self.plan.steps:
-            if crop and need > start:
-                x, start = x[:, :, need - start:], need
-            s = need
+        for name, cut in self.plan.steps:
             module = dec.get_submodule(name)
+            if cut_maps and cut > top:
+                x, top = x[:, :, cut - top:], cut
+            valid = max(valid, cut)
             if ".resnets." in name:
-                h, s1 = conv(module.conv1, module.nonlinearity(norm(module.norm1, x, s)), s)
-                h, s2 = conv(module.conv2, module.dropout(module.nonlinearity(norm(module.norm2, h, s1))), s1)
-                skip = x[:, :, s2 - s:] if crop else x
-                if module.conv_shortcut is not None:
-                    skip = module.conv_shortcut(skip)
-                x, start = (skip + h) / module.output_scale_factor, s2
+                h = module.conv1(module.nonlinearity(norm(module.norm1, x, valid)))
+                valid = _conv_start(valid)
+                h = module.conv2(module.dropout(module.nonlinearity(norm(module.norm2, h, valid))))
+                valid = _conv_start(valid)
+                skip = module.conv_shortcut(x) if module.conv_shortcut is not None else x
+                x = (skip + h) / module.output_scale_factor
             elif ".upsamplers." in name:
-                y = module(x)
-                if crop and s > 0:
-                    y = y[:, :, 1:]
-                x, start = y, 2 * s + 1 if s > 0 else 0
+                x = module(x)
+                top, valid = 2 * top, _conv_start(2 * valid)
             elif name == "conv_norm_out":
-                x, start = dec.conv_act(norm(module, x, s)), s
+                x = dec.conv_act(norm(module, x, valid))
             else:
-                x, start = conv(module, x, s)
-            if not crop:
-                start = 0
-        return x[:, :, self.plan.first_row - start:] if crop else x
+                x = module(x)
+                valid = _conv_start(valid)
+        return x[:, :, self.plan.first_row - top:] if cut_maps else x
