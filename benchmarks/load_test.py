@@ -69,6 +69,8 @@ def start_server(args) -> tuple[str, object, object, object]:
         defaults["max_render_fps"] = args.max_render_fps
     if args.triton_convs != "off":
         defaults["triton_convs"] = args.triton_convs
+    if args.first_face_row:
+        defaults["first_face_row"] = args.first_face_row
     cfg = ServerConfig(engine=args.engine, device=args.device, avatars=d / "avatars", clips=d / "clips",
                        max_sessions=max(args.sessions) + 2, weights=args.weights, fps=args.fps, accel=args.accel,
                        batch_sessions=not args.no_batch, **defaults)
@@ -528,6 +530,8 @@ def main() -> None:
     ap.add_argument("--live-update-rows", default=None,
                     help="comma-separated MuseTalk live feature update steps in 20 ms Whisper rows, each a level "
                          "(the engine's LIVE_UPDATE_ROWS: one 30 s re-encode per step per stream)")
+    ap.add_argument("--first-face-row", type=int, default=0,
+                    help="ServerConfig.first_face_row: MuseTalk decodes face rows from it on only (0: the whole face)")
     ap.add_argument("--max-render-fps", default=None,
                     help="ServerConfig.max_render_fps (N or ENGINE=N): sessions past it are refused, counted apart "
                          "from the admitted ones (server started here)")
@@ -604,7 +608,8 @@ def run_levels(args, url: str, pcm, sr, levels: list, clients: ClientPool | None
                      "live_update_rows": live_update_rows() if server_cfg is not None else None,
                      "compose": getattr(server_cfg, "compose", None), "format": args.format,
                      "spread_render_phases": bool(getattr(server_cfg, "spread_render_phases", False)),
-                     "fill_render_batches": bool(getattr(server_cfg, "fill_render_batches", False))})
+                     "fill_render_batches": bool(getattr(server_cfg, "fill_render_batches", False)),
+                     "first_face_row": int(getattr(server_cfg, "first_face_row", 0))})
         r = rows[-1]
         refused = f"{r['refused']} refused (render capacity), " if r["refused"] else ""
         print(f"[{time.monotonic() - t0:.0f} s] {n} sessions: {r['sustained']} sustained, {refused}{r['errors']} errors {r['error_samples'] or ''}",

@@ -115,3 +115,14 @@ def test_a_decoder_with_nhwc_norms_that_took_their_silu_gives_the_same_rows(tiny
         full, stats = lower.record_upper_stats(z)
         torch.testing.assert_close(full, reference, rtol=0, atol=2e-4)
         torch.testing.assert_close(lower(z, stats), reference[:, :, 104:], rtol=0, atol=2e-4)
+
+
+def test_the_setting_reaches_musetalk_only_from_the_cli_server_and_load_test_settings():
+    from newsstudio.engines.registry import engine_options
+    from newsstudio.server.state import ServerConfig
+
+    assert engine_options("musetalk", "random", None, first_face_row=104)["first_face_row"] == 104
+    assert "first_face_row" not in engine_options("musetalk", "random", None)  # 0: the whole face
+    assert "first_face_row" not in engine_options("ditto", "random", None, first_face_row=104)
+    assert engine_options("classic", "random", None, first_face_row=104) == {}
+    assert ServerConfig().first_face_row == 0

@@ -179,6 +179,9 @@ TritonConvsOpt = typer.Option("off", help="MuseTalk/Ditto render convolutions on
                               "(cuDNN), half (per layer the fastest of Triton and cuDNN), fp8 (Hopper+, FP8 operands, input "
                               "scales per call), fp8-static (input scales fixed once on the built-in portrait) or mixed (fp8-static on "
                               "the convs where FP8 stays accurate, MuseTalk's full-resolution decoder block; half elsewhere); CUDA only.")
+FirstFaceRowOpt = typer.Option(0, min=0, max=255, help="MuseTalk: decode the face's rows from this one on only, the rows "
+                               "its blend shows (e.g. 104; 0 = the whole face): an approximation, not yet measured "
+                               "to pay on a GPU; an avatar whose blend reaches higher is refused.")
 AccelOpt = typer.Option("auto", help="How neural networks run on CUDA: auto (render: cudagraph; serve: compile+cudagraph), "
                         "eager, cudagraph, compile, compile+cudagraph (about 2x faster; compiles ~1.5 min once, cached on disk).")
 
@@ -211,12 +214,12 @@ def _load_speech(audio: str, allow_silence: bool) -> Audio:
 
 
 def _engine(engine: str, device: torch.device, weights: str, models: Optional[Path], accel: str = "auto",
-            triton_convs: str = "off"):
+            triton_convs: str = "off", first_face_row: int = 0):
     """The engine the options name (raises ValueError / FileNotFoundError: run it in _user_errors)."""
     from .engines.registry import create_engine, default_engine, engine_options
 
     name = default_engine(models) if engine == "auto" else engine
-    kw = engine_options(name, weights, models, accel, device, triton_convs=triton_convs)
+    kw = engine_options(name, weights, models, accel, device, triton_convs=triton_convs, first_face_row=first_face_row)
     eng = create_engine(name, device=device, **kw)
     if eng.random_weights:
         typer.secho("WARNING: rendering with SEEDED RANDOM WEIGHTS (benchmark mode); the video is marked and is not a real model's output.", fg=typer.colors.YELLOW, err=True)
@@ -243,6 +246,7 @@ def render(
                                               "1 = one encoder, smallest file)."),
     accel: str = AccelOpt,
     triton_convs: str = TritonConvsOpt,
+    first_face_row: int = FirstFaceRowOpt,
     allow_silence: bool = AllowSilenceOpt,
 ) -> None:
     """Render a lip-synced MP4 (H.264 + AAC) of the avatar speaking the audio."""
@@ -266,7 +270,7 @@ def render(
         sound = _load_speech(audio, allow_silence)
         packet = resolve_avatar(avatar, avatars, size=_size(size))
         t_avatar = time.perf_counter()
-        eng = _engine(engine, dev, weights, models, accel, triton_convs)
+        eng = _engine(engine, dev, weights, models, accel, triton_convs, first_face_row)
         t_engine = time.perf_counter()
         w, h = packet.size
         total = frames_for_samples(sound.num_samples, sound.sample_rate, rate)  # what the stream will make
@@ -307,6 +311,7 @@ def stream(
     output: str = typer.Option("nv12", help="Frame format the generator yields: nv12 or rgb."),
     accel: str = AccelOpt,
     triton_convs: str = TritonConvsOpt,
+    first_face_row: int = FirstFaceRowOpt,
     allow_silence: bool = AllowSilenceOpt,
 ) -> None:
     """Run the streaming generator and print per-chunk timing (time to first frame, fps)."""
@@ -319,7 +324,7 @@ def stream(
         dev = check_device(device)
         sound = _load_speech(audio, allow_silence)
         packet = resolve_avatar(avatar, avatars)
-        eng = _engine(engine, dev, weights, models, accel, triton_convs)
+        eng = _engine(engine, dev, weights, models, accel, triton_convs, first_face_row)
         src = _paced(sound) if live else sound
         t0 = time.perf_counter()
         n = 0
@@ -384,6 +389,7 @@ def serve(
     max_upload_mb: int = typer.Option(200, help="Largest accepted upload (audio or avatar source), MB."),
     accel: str = AccelOpt,
     triton_convs: str = TritonConvsOpt,
+    first_face_row: int = FirstFaceRowOpt,
     render_ahead: int = typer.Option(4, min=1, help="Frames a live session renders per request: more means larger shared "
                                      "GPU batches (more streams per GPU); pair it with --prebuffer-ms >= frames / fps."),
     prebuffer_ms: float = typer.Option(120.0, min=0.0, help="Streamed speech goes on air once this much is ready (live latency)."),
@@ -446,7 +452,7 @@ def serve(
                        front_end_tf32=front_end_tf32, triton_convs=triton_convs,
                        render_in_flight=render_in_flight, render_lead_s=render_lead_ms / 1000, compose=compose,
                        spread_render_phases=spread_render_phases, max_render_fps=max_render_fps,
-                       fill_render_batches=fill_render_batches)
+                       fill_render_batches=fill_render_batches, first_face_row=first_face_row)
     uvicorn.Server(uvicorn_config(create_app(cfg), host=host, port=port, log_level="info")).run()
 
 

@@ -22,8 +22,9 @@ class EnginePool:
     def __init__(self, default: str, device: torch.device, weights: str, models: Any, accel: str = "auto",
                  batch_sessions: bool = True, front_end_streams: bool = True, render_in_flight: int = 0,
                  stall_s: float | None = None, front_end_tf32: bool = True, compose: str = "stream",
-                 triton_convs: str = "off", fill_render_batches: bool = False):
+                 triton_convs: str = "off", fill_render_batches: bool = False, first_face_row: int = 0):
         self.device = device
+        self.first_face_row = first_face_row
         self.fill_render_batches = fill_render_batches
         self.compose = check_compose(compose)  # ServerConfig.compose (checked before any session): the render batchers' mode
         self.front_end_tf32 = front_end_tf32
@@ -64,7 +65,8 @@ class EnginePool:
             if name in self._errors:
                 raise EngineUnavailable(self._errors[name])
             kw = engine_options(name, self.weights, self.models, self.accel, self.device, long_running=True,
-                                front_end_tf32=self.front_end_tf32, triton_convs=self.triton_convs)
+                                front_end_tf32=self.front_end_tf32, triton_convs=self.triton_convs,
+                                first_face_row=self.first_face_row)
             try:
                 eng = create_engine(name, device=self.device, **kw)
                 spent = eng.warm_up()  # compile/capture now, not in the first session

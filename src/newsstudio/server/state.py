@@ -88,6 +88,11 @@ class ServerConfig:
     """The neural engines' render convolutions on the Triton implicit-GEMM kernel (accel/igemm_conv.py):
     "half" (per layer shape the fastest of the Triton kernels and cuDNN, timed at warm-up), "fp8"
     (Hopper+; FP8 operands) or "off" (cuDNN; the default until the kernel is measured on the GPU)."""
+    first_face_row: int = 0
+    """MuseTalk decodes face rows from this one on only, the rows its blend shows
+    (`MuseTalkEngine(first_face_row=)`, engines/musetalk/lower_face_decoder.py): 0, the whole face, by
+    default; an approximation (the skipped rows' GroupNorm statistics from the avatar frame rendered
+    with silence) whose speed is not yet measured on a GPU."""
     batch_stall_s: float | None = None
     """A shared batch running longer than this is a stall: the sessions waiting on it end with an
     error instead of falling silent, and /health answers 503 naming the batcher (so a supervisor
@@ -213,7 +218,7 @@ class ServerState:
         stall_s = cfg.batch_stall_s if cfg.batch_stall_s is not None else (60.0 if self.device.type == "cuda" else None)
         self.engines = EnginePool(cfg.engine, self.device, cfg.weights, cfg.models, cfg.accel, cfg.batch_sessions,
                                   cfg.front_end_streams, cfg.render_in_flight, stall_s, cfg.front_end_tf32,
-                                  cfg.compose, cfg.triton_convs, cfg.fill_render_batches)
+                                  cfg.compose, cfg.triton_convs, cfg.fill_render_batches, cfg.first_face_row)
         budget = RenderBudget.parse(cfg.max_render_fps, ENGINES) if cfg.max_render_fps is not None else None
         self.sessions = SessionManager(cfg.max_sessions, budget)
         self._sessions_phased = 0  # render phases handed out (spread_render_phases)
