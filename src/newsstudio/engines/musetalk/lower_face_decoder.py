@@ -50,14 +50,19 @@ class RowPlan:
     ``steps``: per step (in call order) its name and, for the first step and each upsampler, the
     first input row it is given (the map is cut there: one copy per stage, of its smallest map),
     else 0.
-    ``norm_starts``: per GroupNorm whose map lacks rows (call order), its first valid row: rows
-    above it are the ones `upper_stats` summarise (norms that see every row are left out). Within
-    a stage nothing is cut: each conv leaves one more wrong row at the top, which is tracked,
-    left out of the statistics and never reaches the output."""
+    ``norm_rows``: per GroupNorm (call order) the first valid row of its map (0: every row): rows
+    above it are the ones `upper_stats` summarise. Within a stage nothing is cut: each conv leaves
+    one more wrong row at the top, which is tracked, left out of the statistics and never reaches
+    the output."""
 
     first_row: int
     steps: tuple[tuple[str, int], ...]
-    norm_starts: tuple[int, ...]
+    norm_rows: tuple[int, ...]
+
+    @property
+    def norm_starts(self) -> tuple[int, ...]:
+        """The first valid rows of the norms whose maps lack rows: one `upper_stats` entry each."""
+        return tuple(v for v in self.norm_rows if v > 0)
 
 
 def _step_names(decoder: nn.Module) -> list[str]:
@@ -105,7 +110,7 @@ def plan_rows(decoder: nn.Module, first_row: int) -> RowPlan:
     norms, valid = _walk_valid_rows(steps)
     if valid > first_row:
         raise AssertionError(f"output rows from {valid} valid, {first_row} asked for")
-    return RowPlan(int(first_row), steps, tuple(v for v in norms if v > 0))
+    return RowPlan(int(first_row), steps, tuple(norms))
 
 
 def combine_group_stats(upper: torch.Tensor, n_upper: int, live_mean: torch.Tensor, live_var: torch.Tensor,
@@ -157,19 +162,20 @@ class LowerFaceDecoder(nn.Module):
 
     # -- the walk ------------------------------------------------------------------------------
     def _run(self, z: torch.Tensor, upper: torch.Tensor | None, record: list[torch.Tensor] | None) -> torch.Tensor:
-        """Cut (``record is None``) or whole while recording the upper statistics: one walk, so the
-        rows a norm summarises are the same in both. ``top``: the row the map's first row is;
-        ``valid``: its first right row (the rows from ``top`` to it saw a cut or zero padding)."""
+        """Cut (``record is None``) or whole while recording the upper statistics: one walk over the
+        plan, so the rows a norm summarises are the same in both. ``top``: the row the map's first
+        row is (the plan's ``norm_rows`` say from which row on it is right)."""
         dec, cut_maps = self.decoder, record is None
         x = dec.mid_block(dec.conv_in(z), None)
         x = x.to(next(iter(dec.up_blocks.parameters())).dtype)
-        norms = iter(range(len(self.plan.norm_starts)))
-        top = valid = 0
+        norm_rows, upper_index = iter(self.plan.norm_rows), iter(range(len(self.plan.norm_starts)))
+        top = 0
 
-        def norm(gn: nn.Module, x: torch.Tensor, valid: int) -> torch.Tensor:
+        def norm(gn: nn.Module, x: torch.Tensor) -> torch.Tensor:
+            valid = next(norm_rows)
             if valid == 0:
                 return gn(x)
-            i = next(norms)
+            i = next(upper_index)
             if record is not None:
                 mean, var = group_stats(x[:, :, :valid], self.groups)
                 record.append(torch.stack([mean, var], dim=-1))
@@ -185,20 +191,15 @@ class LowerFaceDecoder(nn.Module):
             module = dec.get_submodule(name)
             if cut_maps and cut > top:
                 x, top = x[:, :, cut - top:], cut
-            valid = max(valid, cut)
             if ".resnets." in name:
-                h = module.conv1(module.nonlinearity(norm(module.norm1, x, valid)))
-                valid = _conv_start(valid)
-                h = module.conv2(module.dropout(module.nonlinearity(norm(module.norm2, h, valid))))
-                valid = _conv_start(valid)
+                h = module.conv1(module.nonlinearity(norm(module.norm1, x)))
+                h = module.conv2(module.dropout(module.nonlinearity(norm(module.norm2, h))))
                 skip = module.conv_shortcut(x) if module.conv_shortcut is not None else x
                 x = (skip + h) / module.output_scale_factor
             elif ".upsamplers." in name:
-                x = module(x)
-                top, valid = 2 * top, _conv_start(2 * valid)
+                x, top = module(x), 2 * top
             elif name == "conv_norm_out":
-                x = dec.conv_act(norm(module, x, valid))
+                x = dec.conv_act(norm(module, x))
             else:
                 x = module(x)
-                valid = _conv_start(valid)
         return x[:, :, self.plan.first_row - top:] if cut_maps else x
