@@ -23,6 +23,7 @@ clipped to the frame; non-integer frame rates (29.97) use the exact frame times 
 from __future__ import annotations
 
 import copy
+import sys
 import threading
 from collections import OrderedDict
 from functools import partial
@@ -31,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from ...accel.group_norm_nhwc import fuse_following_silu_, with_nhwc_group_norms
 from ...accel.igemm_conv import CALIBRATED_MODES, ENGINE_FP8_HEADROOM, calibrate_fp8_, with_triton_convs
@@ -332,12 +334,15 @@ class MuseTalkEngine(Engine):
         the frame rendered with the silence prompt: (N, K, G, 2) float32 on the device."""
         assert self._lower_decoder is not None
         idle = self.idle_prompt().to(self.device, self.dtype)
-        out = []
+        n, out = latents.shape[0], []
+        bar = tqdm(total=n, desc="musetalk upper-face statistics", unit="f", disable=n <= self.prebake_batch, file=sys.stderr)
         with torch.inference_mode():
-            for b0 in range(0, latents.shape[0], self.prebake_batch):
+            for b0 in range(0, n, self.prebake_batch):
                 lat = latents[b0:b0 + self.prebake_batch]
                 z = self._decoder_input(lat, idle[None].expand(lat.shape[0], -1, -1))
                 out.append(self._lower_decoder.record_upper_stats(z)[1])
+                bar.update(lat.shape[0])
+        bar.close()
         return torch.cat(out)
 
     def render_buckets(self) -> tuple[int, ...] | None:
