@@ -126,3 +126,16 @@ def test_the_setting_reaches_musetalk_only_from_the_cli_server_and_load_test_set
     assert "first_face_row" not in engine_options("ditto", "random", None, first_face_row=104)
     assert engine_options("classic", "random", None, first_face_row=104) == {}
     assert ServerConfig().first_face_row == 0
+
+
+def test_first_blended_face_row_follows_the_box_resize():
+    from newsstudio.engines.musetalk.prebake import first_blended_face_rows
+
+    masks = torch.zeros(3, 100, 100)
+    masks[0, 50:, 20:80] = 0.5  # alpha from ROI row 50; box rows 10-89 (80 rows for the face's 256)
+    masks[1, 90:, :] = 1.0  # from the box's last row: the face's bottom rows
+    boxes = torch.tensor([[10, 10, 90, 90], [0, 10, 100, 91], [10, 10, 90, 90]])
+    first = first_blended_face_rows(masks, boxes).tolist()
+    assert first[0] == 129  # (50 + 0.5 - 10) * 256 / 80 - 0.5 = 129.1: the bilinear resize's upper tap
+    assert first[1] == 253  # (90 + 0.5 - 10) * 256 / 81 - 0.5 = 253.9
+    assert first[2] == 256  # no alpha anywhere: the frame needs no face row
