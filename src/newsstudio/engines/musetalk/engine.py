@@ -378,13 +378,14 @@ class MuseTalkEngine(Engine):
         with torch.inference_mode():
             runs = same_layer_runs(items)
             idxs = [torch.cat([items[k][2].to(dev) for k in run]) for run in runs]
-            latents = torch.cat([items[run[0]][0].data["latents"].index_select(0, idx) for run, idx in zip(runs, idxs)])
-            prompts = torch.cat([d.to(dev, self.dtype) for _, d, _ in items])
-            if self._lower_decoder is None:
-                faces = self._face_runner(latents, prompts)
-            else:
-                upper = torch.cat([items[run[0]][0].data["upper_stats"].index_select(0, idx) for run, idx in zip(runs, idxs)])
-                faces = self._face_runner(latents, prompts, upper)
+
+            def gather(key: str) -> torch.Tensor:  # the batch's rows of a per-avatar-frame tensor
+                return torch.cat([items[run[0]][0].data[key].index_select(0, idx) for run, idx in zip(runs, idxs)])
+
+            inputs = (gather("latents"), torch.cat([d.to(dev, self.dtype) for _, d, _ in items]))
+            if self._lower_decoder is not None:
+                inputs += (gather("upper_stats"),)
+            faces = self._face_runner(*inputs)
             out: list[torch.Tensor] = []
             s = 0
             for run, idx in zip(runs, idxs):
