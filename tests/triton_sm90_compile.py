@@ -157,7 +157,7 @@ def compile_group_norm(channels: int, dtype: torch.dtype, which: str = "chunked"
     meta = {"C": channels, "BLOCK_C": gn._block_c(channels), "BLOCK_P": block_p}
     x, y = f"*{_TYPES[dtype]}", f"*{_TYPES[dtype]}"
     if which in gn.STATISTICS_KERNELS:
-        sig = {"x_ptr": x, "out_ptr": "*fp32", "HW": "i32", "CHUNKS": "i32", "SPLITS": "i32"}
+        sig = {"x_ptr": x, "out_ptr": "*fp32", "HW": "i32", "STRIDE_N": "i32", "CHUNKS": "i32", "SPLITS": "i32"}
     elif which == "apply":
         meta["SILU"] = True
         sig = {"x_ptr": x, "scale_ptr": "*fp32", "shift_ptr": "*fp32", "y_ptr": y, "HW": "i32"}
@@ -165,7 +165,7 @@ def compile_group_norm(channels: int, dtype: torch.dtype, which: str = "chunked"
         meta["ACT"] = True
         sig = {"x_ptr": x, "scale_ptr": "*fp32", "shift_ptr": "*fp32", "gb_ptr": x, "y_ptr": y, "HW": "i32", "slope": "fp32"}
     sig.update({k: "constexpr" for k in meta})
-    attrs = {(params.index(p),): [["tt.divisibility", 16]] for p in params if sig[p].startswith("*") or p == "HW"}
+    attrs = {(params.index(p),): [["tt.divisibility", 16]] for p in params if sig[p].startswith("*") or p in ("HW", "STRIDE_N")}
     src = ASTSource(fn=kernel, signature={p: sig[p] for p in params},
                     constexprs={(params.index(k),): v for k, v in meta.items()}, attrs=attrs)
     record = {"kernel": which, "dtype": _TYPES[dtype],
