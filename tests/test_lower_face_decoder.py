@@ -13,6 +13,16 @@ from newsstudio.engines.musetalk.lower_face_decoder import LowerFaceDecoder, com
 from newsstudio.engines.musetalk.weights import VAE_CONFIG, random_vae
 
 
+@pytest.fixture(autouse=True)
+def _norms_in_pytorch(monkeypatch):
+    """The row logic is what is tested here; the statistics kernel's rows (`group_stats(first_row=)`)
+    are tested in test_group_norm_nhwc.py. Without this, channels-last maps would go through Triton's
+    CPU interpreter (conftest.py): ~30 s a test instead of ~1."""
+    from newsstudio.accel import group_norm_nhwc
+
+    monkeypatch.setattr(group_norm_nhwc, "kernel_fits", lambda x, groups: False)
+
+
 @pytest.fixture(scope="module")
 def tiny_decoder():
     return random_vae(salt=3, config=TINY_VAE_CONFIG).decoder
