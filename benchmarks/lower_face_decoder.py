@@ -16,8 +16,9 @@ silence prompt (what an avatar's prebake would store); PSNR over the rows kept, 
 the engine rounds to, and the same with the statistics of the same latent (rounding only). Seeded
 weights are a hard case: their upper face changes with the audio (real MuseTalk regenerates it from
 the unmasked reference), so a third column stands in for a model that keeps the upper face: the
-speech latent's lower half under the silence latent's upper half. ``--device cpu --tiny`` is a
-smoke run of the script.
+speech latent's lower half under the silence latent's upper half. ``--avatar PACKET``: also what a
+viewer sees, the change to a real avatar's blended frames (alpha x face difference) over the pixels
+the blend touches. ``--device cpu --tiny`` is a smoke run of the script.
 """
 from __future__ import annotations
 
@@ -33,10 +34,11 @@ import torch
 from .common import machine, write_json
 
 
-def build(device: str, tiny: bool, nhwc_norms: bool):
+def build(device: str, tiny: bool, nhwc_norms: bool, first_face_row: int = 0):
     from newsstudio.engines.musetalk.engine import TINY_UNET_CONFIG, TINY_VAE_CONFIG, MuseTalkEngine
 
-    kw: dict[str, Any] = dict(weights="random", accel="eager", channels_last=device == "cuda", nhwc_norms=nhwc_norms)
+    kw: dict[str, Any] = dict(weights="random", accel="eager", channels_last=device == "cuda", nhwc_norms=nhwc_norms,
+                              first_face_row=first_face_row)
     if tiny:
         kw.update(unet_config=TINY_UNET_CONFIG, vae_config=TINY_VAE_CONFIG)
     return MuseTalkEngine(device, **kw)
@@ -90,6 +92,39 @@ def accuracy(eng, first_rows: list[int], n: int) -> list[dict[str, Any]]:
                          "psnr_db_silence_stats": round(psnr(to_levels(lower(speech, idle_stats)), ref), 2),
                          "psnr_db_own_stats": round(psnr(to_levels(lower(speech, own_stats)), ref), 2),
                          "psnr_db_upper_latent_kept": round(psnr(to_levels(lower(kept, idle_stats)), kept_ref), 2)})
+    return rows
+
+
+def blended_error(args, first_rows: list[int]) -> list[dict[str, Any]]:
+    """What a viewer sees: frames of a real avatar rendered whole and with rows R-255 decoded, with
+    prompts of the built-in speech; PSNR of the change each makes to the frame (alpha x face) over
+    the pixels the blend touches."""
+    from newsstudio.avatar.packet import open_packet
+    from newsstudio.builtin import builtin_audio
+    from newsstudio.engines.musetalk.audio_features import SAMPLE_RATE, audio_prompts
+    from newsstudio.media.audio import load_audio
+
+    whole = build(args.device, args.tiny, nhwc_norms=False)
+    packet = whole.load_avatar(open_packet(args.avatar)).packet  # prebakes MuseTalk's arrays if they are missing
+    layer = whole.load_avatar(packet)
+    n = min(args.avatar_frames, layer.n_frames)
+    idx = torch.linspace(0, layer.n_frames - 1, n).round().long()
+    speech = load_audio(builtin_audio("builtin:hello")).mono().resampled(SAMPLE_RATE).samples[0]
+    with torch.inference_mode():
+        spoken = audio_prompts(whole.models.whisper_encoder, speech, 25)
+    prompts = spoken.index_select(0, torch.linspace(0, spoken.shape[0] - 1, n).round().long().to(spoken.device))
+    alpha = layer.masks.index_select(0, idx.to(layer.masks.device))[..., None]
+    ref = whole.render(layer, prompts, idx)
+    rows = []
+    for r in first_rows:
+        lower = build(args.device, args.tiny, nhwc_norms=False, first_face_row=r)
+        got = lower.render(lower.load_avatar(packet), prompts, idx)
+        change = (alpha * (got - ref)).double()
+        shown = (alpha > 0).expand_as(change)
+        mse = float((change[shown] ** 2).mean())
+        rows.append({"first_row": r, "avatar": str(args.avatar), "frames": n,
+                     "psnr_db_blended": round(10 * math.log10(255.0 ** 2 / mse), 2) if mse > 0 else float("inf"),
+                     "max_level_change": round(float(change.abs().max()), 1)})
     return rows
 
 
@@ -170,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--compile-mode", default="max-autotune-no-cudagraphs")
     ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument("--avatar", default=None, help="an avatar packet: also the error in its blended frames")
+    ap.add_argument("--avatar-frames", type=int, default=6, help="avatar frames rendered for that")
     ap.add_argument("--tiny", action="store_true", help="the test-size architecture (a smoke run of the script)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -190,6 +227,12 @@ def main(argv: list[str] | None = None) -> int:
               f"statistics when the upper half of the latent is the silence face's; "
               f"{a['psnr_db_own_stats_in_last_stage']} dB with the silence face's except in the full-resolution stage "
               f"({a['norms_with_stats']} norms)", flush=True)
+    if args.avatar:
+        result["blended"] = blended_error(args, first_rows)
+        for b in result["blended"]:
+            print(f"first row {b['first_row']}: PSNR {b['psnr_db_blended']} dB of the blended change over the pixels "
+                  f"the blend touches, {b['frames']} frames of {b['avatar']} (largest change {b['max_level_change']} levels)",
+                  flush=True)
     rows = []
     if not args.skip_speed:
         dec = plain._vae_decoder
