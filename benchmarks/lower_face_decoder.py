@@ -99,7 +99,7 @@ def blended_error(args, first_rows: list[int]) -> list[dict[str, Any]]:
     """What a viewer sees: frames of a real avatar rendered whole and with rows R-255 decoded, with
     prompts of the built-in speech; PSNR of the change each makes to the frame (alpha x face) over
     the pixels the blend touches."""
-    from newsstudio.avatar.packet import open_packet
+    from newsstudio.avatar.packet import PacketError, open_packet
     from newsstudio.builtin import builtin_audio
     from newsstudio.engines.musetalk.audio_features import SAMPLE_RATE, audio_prompts
     from newsstudio.media.audio import load_audio
@@ -118,7 +118,12 @@ def blended_error(args, first_rows: list[int]) -> list[dict[str, Any]]:
     rows = []
     for r in first_rows:
         lower = build(args.device, args.tiny, nhwc_norms=False, first_face_row=r)
-        got = lower.render(lower.load_avatar(packet), prompts, idx)
+        try:
+            lower_layer = lower.load_avatar(packet)
+        except PacketError as e:  # the avatar's blend shows rows above r: the engine refuses it
+            rows.append({"first_row": r, "avatar": str(args.avatar), "refused": str(e)})
+            continue
+        got = lower.render(lower_layer, prompts, idx)
         change = (alpha * (got - ref)).double()
         shown = (alpha > 0).expand_as(change)
         mse = float((change[shown] ** 2).mean())
@@ -230,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.avatar:
         result["blended"] = blended_error(args, first_rows)
         for b in result["blended"]:
+            if "refused" in b:
+                print(f"first row {b['first_row']}: {b['refused']}", flush=True)
+                continue
             print(f"first row {b['first_row']}: PSNR {b['psnr_db_blended']} dB of the blended change over the pixels "
                   f"the blend touches, {b['frames']} frames of {b['avatar']} (largest change {b['max_level_change']} levels)",
                   flush=True)

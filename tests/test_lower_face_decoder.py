@@ -107,15 +107,16 @@ def test_the_benchmark_reports_error_and_flops(tmp_path, astronaut_packet):
     avatar = tmp_path / "astronaut"
     shutil.copytree(astronaut_packet.path, avatar)  # MuseTalk's arrays are added to it
     out = tmp_path / "lfd.json"
-    assert bench.main(["--device", "cpu", "--tiny", "--skip-speed", "--faces", "2", "--first-rows", "104",
+    assert bench.main(["--device", "cpu", "--tiny", "--skip-speed", "--faces", "2", "--first-rows", "104,250",
                        "--avatar", str(avatar), "--avatar-frames", "1", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
-    (acc,) = data["accuracy"]
+    acc, _ = data["accuracy"]
     assert acc["psnr_db_own_stats"] > 70  # rounding only
     assert 20 < acc["psnr_db_silence_stats"] < acc["psnr_db_own_stats"]
     assert data["gflop_per_face"]["lower 104"] < 0.75 * data["gflop_per_face"]["full"]
-    (blended,) = data["blended"]
+    blended, refused = data["blended"]
     assert blended["frames"] == 1 and 20 < blended["psnr_db_blended"] < 80
+    assert "uses face rows from" in refused["refused"]  # the blend shows rows above 250: refused, reported
 
 
 def test_a_decoder_with_nhwc_norms_that_took_their_silu_gives_the_same_rows(tiny_decoder):
