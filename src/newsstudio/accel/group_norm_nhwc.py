@@ -318,8 +318,8 @@ def normalise_groups(x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, wei
                      bias: torch.Tensor | None, eps: float, *, silu: bool = False,
                      apply_kernel: bool = False) -> torch.Tensor:
     """GroupNorm's normalisation of ``x`` with the given [N, G] statistics, as one per-channel scale
-    and shift (then SiLU): by the apply kernel with ``apply_kernel`` on a channels-last CUDA ``x``,
-    else as tensor ops that torch.compile fuses with their neighbours; ``x``'s dtype and layout."""
+    and shift (then SiLU): by the apply kernel with ``apply_kernel`` where `kernel_fits`, else as
+    tensor ops that torch.compile fuses with their neighbours; ``x``'s dtype and layout."""
     c, groups = x.shape[1], mean.shape[1]
     scale = torch.rsqrt(var + eps).repeat_interleave(c // groups, dim=1)  # [N, C]
     if weight is not None:
@@ -327,7 +327,7 @@ def normalise_groups(x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor, wei
     shift = -mean.repeat_interleave(c // groups, dim=1) * scale
     if bias is not None:
         shift = shift + bias.float()
-    if (apply_kernel and x.is_cuda and x.dim() == 4
+    if (apply_kernel and kernel_fits(x, groups)
             and not (torch.is_grad_enabled() and (scale.requires_grad or shift.requires_grad or x.requires_grad))):
         return _norm_apply(x, scale, shift, silu)  # (no backward formula: the tensor ops below have one)
     y = (x.float() * scale[:, :, None, None] + shift[:, :, None, None]).to(x.dtype)
