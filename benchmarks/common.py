@@ -117,6 +117,48 @@ def live_ttff(engine, packet, audio, fps: int = 25, chunk: int = 4, piece_s: flo
     return {"ms": ms, "audio_ms": need, "compute_ms": ms - need, "chunk": chunk, "piece_ms": piece_s * 1e3}
 
 
+def call_times_ms(fn: Callable[..., Any], args: tuple[torch.Tensor, ...], iters: int, device: str) -> list[float]:
+    """ms of each of ``iters`` calls ``fn(*args)``: CUDA events on a GPU (device time, launch
+    included), the wall clock elsewhere."""
+    out = []
+    for _ in range(iters):
+        if device == "cuda":
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn(*args)
+            e.record()
+            torch.cuda.synchronize()
+            out.append(s.elapsed_time(e))
+        else:
+            t = time.perf_counter()
+            fn(*args)
+            out.append((time.perf_counter() - t) * 1e3)
+    return out
+
+
+def cuda_graphed(fn: Callable[..., Any], args: tuple[torch.Tensor, ...]) -> Callable[..., Any]:
+    """``fn`` captured in a CUDA graph over static copies of ``args`` (their layouts kept), as the
+    engines' runners replay it: the returned callable copies its inputs in, replays, and returns
+    the graph's (static) output."""
+    static = tuple(a.clone() for a in args)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(*static)
+
+    def replay(*inputs: torch.Tensor) -> Any:
+        for st, a in zip(static, inputs):
+            st.copy_(a)
+        graph.replay()
+        return out
+    return replay
+
+
 def median(xs: list[float]) -> float:
     return float(statistics.median(xs))
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .common import kernel_choices, machine, write_json
+from .common import call_times_ms, cuda_graphed, kernel_choices, machine, write_json
 
 KINDS = (
     ("triton conv", ("_conv_kernel",)),
@@ -55,43 +55,6 @@ def build_decoder(device: str, convs: str, tiny: bool):
         kw["nhwc_norms"] = True
     eng = MuseTalkEngine(device, **kw)
     return eng, eng._vae_decoder
-
-
-def _time(fn, x, iters: int, device: str) -> list[float]:
-    out = []
-    for _ in range(iters):
-        if device == "cuda":
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn(x)
-            e.record()
-            torch.cuda.synchronize()
-            out.append(s.elapsed_time(e))
-        else:
-            t = time.perf_counter()
-            fn(x)
-            out.append((time.perf_counter() - t) * 1e3)
-    return out
-
-
-def _graphed(fn, x):
-    """``fn`` captured in a CUDA graph on a static input, as the engine's runners replay it."""
-    static_x = x.clone(memory_format=torch.channels_last)
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn(static_x)
-    torch.cuda.current_stream().wait_stream(side)
-    with torch.cuda.graph(graph):
-        static_y = fn(static_x)
-
-    def replay(inp):
-        static_x.copy_(inp)
-        graph.replay()
-        return static_y
-    return replay
 
 
 def profile_kinds(fn, x, device: str, top: int) -> dict[str, Any]:
@@ -132,12 +95,12 @@ def measure(device: str, convs: str, batch: int, iters: int, top: int, tiny: boo
         got = compiled(x)
         compile_s = time.perf_counter() - t0
         rel = float((got.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-12))
-        plain_ms = _time(compiled, x, iters, device)
+        plain_ms = call_times_ms(compiled, (x,), iters, device)
         row: dict[str, Any] = {"convs": convs, "in_effect": eng.triton_convs, "batch": batch, "compile_s": round(compile_s, 1),
                                "ms_no_graph": round(statistics.median(plain_ms), 3), "rel_err_vs_eager": rel}
         if device == "cuda":
-            replay = _graphed(compiled, x)
-            row["ms_graphed"] = round(statistics.median(_time(replay, x, iters, device)), 3)
+            replay = cuda_graphed(compiled, (x,))
+            row["ms_graphed"] = round(statistics.median(call_times_ms(replay, (x,), iters, device)), 3)
         row.update(profile_kinds(compiled, x, device, top))
     return row
 

@@ -31,7 +31,8 @@ from typing import Any
 
 import torch
 
-from .common import machine, write_json
+from .common import call_times_ms, cuda_graphed, machine, write_json
+from .levers import psnr
 
 
 def build(device: str, tiny: bool, nhwc_norms: bool, first_face_row: int = 0):
@@ -60,11 +61,6 @@ def decoder_inputs(eng, n: int) -> tuple[torch.Tensor, torch.Tensor]:
 def to_levels(decoded: torch.Tensor) -> torch.Tensor:
     """The engine's post-processing: 0-255 levels."""
     return torch.round((decoded / 2 + 0.5).clamp(0, 1).float() * 255.0)
-
-
-def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
-    mse = float(((a.double() - b.double()) ** 2).mean())
-    return 10 * math.log10(255.0 ** 2 / mse) if mse > 0 else float("inf")
 
 
 def accuracy(eng, first_rows: list[int], n: int) -> list[dict[str, Any]]:
@@ -151,53 +147,15 @@ def flops(eng, first_rows: list[int]) -> dict[str, float]:
     return out
 
 
-def _graphed(fn, args: tuple[torch.Tensor, ...]):
-    """``fn`` captured in a CUDA graph over static copies of ``args``, as the engine replays it."""
-    static = tuple(a.clone() for a in args)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn(*static)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn(*static)
-
-    def replay(*inputs):
-        for s, a in zip(static, inputs):
-            s.copy_(a)
-        graph.replay()
-        return out
-    return replay
-
-
-def time_ms(fn, args: tuple[torch.Tensor, ...], iters: int, device: str) -> float:
-    times = []
-    for _ in range(iters):
-        if device == "cuda":
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn(*args)
-            e.record()
-            torch.cuda.synchronize()
-            times.append(s.elapsed_time(e))
-        else:
-            t = time.perf_counter()
-            fn(*args)
-            times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
-
-
 def speed(name: str, fn, args: tuple[torch.Tensor, ...], device: str, iters: int, compile_mode: str) -> dict[str, Any]:
     t0 = time.perf_counter()
     compiled = torch.compile(fn, mode=compile_mode if device == "cuda" else None, dynamic=False)
     with torch.inference_mode():
         compiled(*args)
         row: dict[str, Any] = {"variant": name, "compile_s": round(time.perf_counter() - t0, 1),
-                               "ms_no_graph": round(time_ms(compiled, args, iters, device), 3)}
+                               "ms_no_graph": round(statistics.median(call_times_ms(compiled, args, iters, device)), 3)}
         if device == "cuda":
-            row["ms_graphed"] = round(time_ms(_graphed(compiled, args), args, iters, device), 3)
+            row["ms_graphed"] = round(statistics.median(call_times_ms(cuda_graphed(compiled, args), args, iters, device)), 3)
     return row
 
 
