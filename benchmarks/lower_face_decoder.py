@@ -58,13 +58,9 @@ def decoder_inputs(eng, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         return z(prompts), z(idle)
 
 
-def to_levels(decoded: torch.Tensor) -> torch.Tensor:
-    """The engine's post-processing: 0-255 levels."""
-    return torch.round((decoded / 2 + 0.5).clamp(0, 1).float() * 255.0)
-
-
 def accuracy(eng, first_rows: list[int], n: int) -> list[dict[str, Any]]:
     from newsstudio.engines.musetalk.lower_face_decoder import LowerFaceDecoder
+    from newsstudio.engines.musetalk.vae import decoded_levels
 
     speech, silence = decoder_inputs(eng, n)
     rows = []
@@ -73,21 +69,21 @@ def accuracy(eng, first_rows: list[int], n: int) -> list[dict[str, Any]]:
             lower = LowerFaceDecoder(eng._vae_decoder, r)
             full, own_stats = lower.record_upper_stats(speech)
             _, idle_stats = lower.record_upper_stats(silence)
-            ref = to_levels(full)[:, :, r:]
+            ref = decoded_levels(full)[:, :, r:]
             # A model that keeps the upper face, as a trained MuseTalk does: the speech latent's
             # lower half under the silence latent's upper half (latent row h/2 = face row 128).
             kept = speech.clone()
             kept[:, :, : kept.shape[2] // 2] = silence[:, :, : kept.shape[2] // 2]
-            kept_ref = to_levels(lower.record_upper_stats(kept)[0])[:, :, r:]
+            kept_ref = decoded_levels(lower.record_upper_stats(kept)[0])[:, :, r:]
             # where the error comes from: the full-resolution stage's norms with their own statistics
             last_stage = [i for i, v in enumerate(lower.plan.norm_starts) if v >= lower.plan.norm_starts[-1] // 2 + 1]
             mixed_stats = idle_stats.clone()
             mixed_stats[:, last_stage] = own_stats[:, last_stage]
             rows.append({"first_row": r, "norms_with_stats": len(lower.plan.norm_starts),
-                         "psnr_db_own_stats_in_last_stage": round(psnr(to_levels(lower(speech, mixed_stats)), ref), 2),
-                         "psnr_db_silence_stats": round(psnr(to_levels(lower(speech, idle_stats)), ref), 2),
-                         "psnr_db_own_stats": round(psnr(to_levels(lower(speech, own_stats)), ref), 2),
-                         "psnr_db_upper_latent_kept": round(psnr(to_levels(lower(kept, idle_stats)), kept_ref), 2)})
+                         "psnr_db_own_stats_in_last_stage": round(psnr(decoded_levels(lower(speech, mixed_stats)), ref), 2),
+                         "psnr_db_silence_stats": round(psnr(decoded_levels(lower(speech, idle_stats)), ref), 2),
+                         "psnr_db_own_stats": round(psnr(decoded_levels(lower(speech, own_stats)), ref), 2),
+                         "psnr_db_upper_latent_kept": round(psnr(decoded_levels(lower(kept, idle_stats)), kept_ref), 2)})
     return rows
 
 

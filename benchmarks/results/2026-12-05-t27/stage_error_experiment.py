@@ -2,7 +2,8 @@
 import torch
 from newsstudio.engines.musetalk.engine import MuseTalkEngine
 from newsstudio.engines.musetalk.lower_face_decoder import LowerFaceDecoder
-from benchmarks.lower_face_decoder import decoder_inputs, to_levels, psnr
+from benchmarks.lower_face_decoder import decoder_inputs, psnr
+from newsstudio.engines.musetalk.vae import decoded_levels as to_levels
 eng = MuseTalkEngine("cpu", weights="random")
 speech, silence = decoder_inputs(eng, 4)
 R = 104

@@ -49,7 +49,7 @@ from .frame_queues import MuseTalkConditioner
 from .lower_face_decoder import LowerFaceDecoder
 from .prebake import (PrebakeOptions, box_grid_axes, first_blended_face_rows, grid_from_axes, prebake_mismatch,
                       prebake_musetalk, resize_with_grid, vae_fingerprint)
-from .vae import latents_for_unet, scaling_factor_of
+from .vae import decoded_levels, latents_for_unet, scaling_factor_of
 from .weights import (
     UNET_CONFIG,
     VAE_CONFIG,
@@ -414,8 +414,7 @@ class MuseTalkEngine(Engine):
             decoded = torch.nn.functional.pad(self._lower_decoder(z, upper_stats), (0, 0, self.first_face_row, 0), value=-1.0)
         else:
             decoded = self._vae_decoder(z)  # AutoencoderKL.decode, untiled
-        # the official decode_latents: (x/2 + 0.5).clamp(0, 1) in the model dtype, then float32 * 255, rounded
-        return torch.round((decoded / 2 + 0.5).clamp(0, 1).float() * 255.0)
+        return decoded_levels(decoded)  # the official decode_latents' rounding
 
     def calibration_batch(self, n: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
         """``_faces`` inputs with no avatar at hand: the built-in portrait's face (and its mirror image)

@@ -171,15 +171,19 @@ def decode(vae, latents: torch.Tensor, *, scaling_factor: float | None = None) -
     return vae.decode((1 / sf) * z).sample
 
 
+def decoded_levels(decoded: torch.Tensor) -> torch.Tensor:
+    """Decoded `[B, 3, H, W]` -> float32 0-255 levels, as `decode_latents` rounds them:
+    `(x / 2 + 0.5).clamp(0, 1)` in the decoder's dtype, then float32 `* 255`, round half to even."""
+    return torch.round((decoded / 2 + 0.5).clamp(0, 1).float() * 255.0)
+
+
 def postprocess_uint8(decoded: torch.Tensor, *, channel_order: str = "bgr") -> torch.Tensor:
     """Decoded `[B, 3, H, W]` -> uint8 `[B, H, W, 3]` on the same device, as `decode_latents`:
     `(x / 2 + 0.5).clamp(0, 1)` in the decoder's dtype, then float32 `* 255`, round half to even,
     uint8; channels reversed to BGR unless `channel_order="rgb"`."""
     if channel_order not in ("bgr", "rgb"):
         raise ValueError("channel_order must be 'bgr' or 'rgb'")
-    x = (decoded / 2 + 0.5).clamp(0, 1)
-    x = x.permute(0, 2, 3, 1).float()
-    x = torch.round(x * 255).to(torch.uint8)
+    x = decoded_levels(decoded).permute(0, 2, 3, 1).to(torch.uint8)
     return x.flip(-1) if channel_order == "bgr" else x
 
 
