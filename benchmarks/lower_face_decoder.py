@@ -8,7 +8,8 @@ Rows (one process, seeded weights, the engine's dtype):
   the NHWC norms with their SiLU), compiled like the engine and replayed from a CUDA graph;
 * ``full``: the same without the NHWC norms (PyTorch's GroupNorm, as the cropped decoder uses);
 * ``lower R``: `LowerFaceDecoder` for output rows ``[R, 256)`` over that decoder, the skipped rows'
-  GroupNorm statistics an input of the graph.
+  GroupNorm statistics an input of the graph; ``engine lower R`` (CUDA): the same over the engine's
+  decoder (NHWC norms: the row-offset statistics kernel and ``normalise_groups``), what the engine runs.
 
 Error (per first row): faces of the built-in portrait rendered with speech prompts, decoded whole
 and by the lower decoder with the upper statistics recorded from the same face rendered with the
@@ -212,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
             with torch.inference_mode():
                 _, stats = lower.record_upper_stats(z)
             variants.append((f"lower {r}", lower, (z, stats)))
+            if args.device == "cuda":  # as the engine runs it: over the NHWC-norm decoder
+                variants.append((f"engine lower {r}", LowerFaceDecoder(engine_dec, r), (z, stats)))
         for name, fn, fargs in variants:
             try:
                 row = speed(name, fn, fargs, args.device, args.iters, args.compile_mode)
