@@ -61,22 +61,31 @@ class JobManager:
         return job
 
     def _run(self, job: Job, fn, cleanup) -> None:
+        """Run ``fn``, then ``cleanup``, and only then publish the outcome: a client that sees
+        "done" or "failed" may retry at once (same avatar id) and must find the temp upload gone
+        and the id free (publishing first lost that race under load)."""
         job.state, job.started, job.stage = "running", time.time(), "starting"
+        result: dict[str, Any] | None = None
+        error: str | None = None
         try:
-            job.result = fn(job)
-            job.progress, job.stage, job.state = 1.0, "done", "done"
+            result = fn(job)
         except JobError as e:
-            job.state, job.error, job.stage = "failed", str(e), "failed"
+            error = str(e)
         except Exception as e:  # noqa: BLE001 - reported to the client
             log.warning("job %s (%s) failed:\n%s", job.id, job.kind, traceback.format_exc())
-            job.state, job.error, job.stage = "failed", f"{type(e).__name__}: {e}", "failed"
+            error = f"{type(e).__name__}: {e}"
         finally:
-            job.finished = time.time()
             if cleanup is not None:
                 try:
                     cleanup()
                 except Exception:  # noqa: BLE001
                     log.exception("job cleanup failed")
+            job.finished = time.time()
+        if error is None:
+            job.result = result
+            job.progress, job.stage, job.state = 1.0, "done", "done"
+        else:
+            job.state, job.error, job.stage = "failed", error, "failed"
 
     def _prune(self) -> None:
         done = [j for j in self._jobs.values() if j.state in ("done", "failed")]
