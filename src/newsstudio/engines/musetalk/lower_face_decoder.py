@@ -124,17 +124,6 @@ def combine_group_stats(upper: torch.Tensor, n_upper: int, live_mean: torch.Tens
     return mean, var
 
 
-def _dense_like(whole: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """``rows`` (a row slice of ``whole``) copied into ``whole``'s memory layout. A row slice of a
-    channels-last map is not channels-last *contiguous*, and what follows tests exactly that: the
-    phase upsampler took its NCHW interleave and the NHWC norms fell back to PyTorch's reductions
-    for every map after it (an H100 run gained 1 % instead of the decoder's 15 %, 2026-12-05). The
-    copy is of the smallest map of each stage; cuDNN would make one anyway."""
-    if whole.is_contiguous(memory_format=torch.channels_last) and not whole.is_contiguous():
-        return rows.contiguous(memory_format=torch.channels_last)
-    return rows.contiguous()
-
-
 class LowerFaceDecoder(nn.Module):
     """A diffusers ``Decoder`` (shared, not copied) run for output rows ``[first_row, H)`` only.
 
@@ -151,6 +140,8 @@ class LowerFaceDecoder(nn.Module):
         self.decoder = decoder
         self.plan = plan_rows(decoder, first_row)
         self.groups = int(decoder.conv_norm_out.num_groups)
+        w = next(p for p in decoder.up_blocks.parameters() if p.dim() == 4)  # channels-last weights: maps too
+        self.channels_last = bool(w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous())
 
     @property
     def first_row(self) -> int:
@@ -170,6 +161,14 @@ class LowerFaceDecoder(nn.Module):
         out = self._run(z, None, recorded)
         stats = torch.stack(recorded, dim=1) if recorded else out.new_zeros((out.shape[0], 0, self.groups, 2))
         return out, stats.float()
+
+    def _dense(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` contiguous in the decoder's layout. A row slice of a channels-last map is not
+        channels-last *contiguous*, and what follows tests exactly that: the phase upsampler then
+        interleaves in NCHW and the NHWC norms fall back to PyTorch's reductions for every map
+        after it (on an H100 the engine gained 1 % instead of the decoder's 15 %, 2026-12-05).
+        A no-op on a map already so; the copies are of each stage's smallest map."""
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x.contiguous()
 
     # -- the walk ------------------------------------------------------------------------------
     def _run(self, z: torch.Tensor, upper: torch.Tensor | None, record: list[torch.Tensor] | None) -> torch.Tensor:
@@ -191,6 +190,7 @@ class LowerFaceDecoder(nn.Module):
                 mean, var = group_stats(x[:, :, :valid], self.groups)
                 record.append(torch.stack([mean, var], dim=-1))
                 return gn(x)
+            x = self._dense(x)
             live_mean, live_var = group_stats(x, self.groups, getattr(gn, "statistics", None), first_row=valid - top)
             per_row = x.shape[3] * (x.shape[1] // self.groups)
             mean, var = combine_group_stats(upper[:, i].float(), valid * per_row, live_mean, live_var,
@@ -201,7 +201,7 @@ class LowerFaceDecoder(nn.Module):
         for name, cut in self.plan.steps:
             module = dec.get_submodule(name)
             if cut_maps and cut > top:
-                x, top = _dense_like(x, x[:, :, cut - top:]), cut
+                x, top = self._dense(x[:, :, cut - top:]), cut
             if ".resnets." in name:
                 h = module.conv1(module.nonlinearity(norm(module.norm1, x)))
                 h = module.conv2(module.dropout(module.nonlinearity(norm(module.norm2, h))))
