@@ -59,7 +59,7 @@ def trace(engine, batch: int) -> list[dict[str, Any]]:
     fn = torch.compile(engine._faces, backend=backend, dynamic=None)
     dev = engine.device
     with torch.inference_mode():
-        for b in (1, batch):  # the second call traces the dynamic-batch graph, as the runner's buckets do
+        for b in (batch,):  # marked dynamic: the dynamic-batch graph the runner's buckets share
             inputs = [torch.zeros((b, 8, 32, 32), device=dev, dtype=engine.dtype),
                       engine.idle_prompt()[None].to(engine.dtype).expand(b, -1, -1).contiguous()]
             if engine._lower_decoder is not None:
