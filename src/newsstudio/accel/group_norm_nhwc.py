@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import triton_conv
+from .layout import channels_last_dense
 from .shared_copy import shared_copy_replacing
 from .triton_conv import EXACT_STRIDES, interpreting, triton_available
 
@@ -65,7 +66,7 @@ def kernel_fits(x: torch.Tensor, groups: int) -> bool:
     c = x.shape[1]
     if not (0 < c <= MAX_CHANNELS and groups > 0 and c % groups == 0 and x.shape[2] * x.shape[3] > 0):
         return False
-    return x.is_contiguous(memory_format=torch.channels_last) and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
+    return channels_last_dense(x) and x.dtype in (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _chunk_pixels(c: int, elements: int | None = None) -> int:

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .layout import channels_last_dense
 from .shared_copy import shared_copy_replacing
 
 __all__ = ["INTERLEAVES", "PhaseUpsampleConv", "with_phase_upsampling"]
@@ -99,7 +100,7 @@ class PhaseUpsampleConv(nn.Module):
     def _channel_minor(self, x: torch.Tensor) -> bool:
         if self.interleave not in INTERLEAVES:
             raise ValueError(f"interleave must be one of {INTERLEAVES}, got {self.interleave!r}")
-        channels_last = not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+        channels_last = x.shape[1] > 1 and channels_last_dense(x)
         return channels_last and self.interleave == "channels_last"
 
 
