@@ -57,17 +57,11 @@ def trace(engine, batch: int) -> list[dict[str, Any]]:
         return gm.forward
 
     fn = torch.compile(engine._faces, backend=backend, dynamic=None)
-    dev = engine.device
     with torch.inference_mode():
-        for b in (batch,):  # marked dynamic: the dynamic-batch graph the runner's buckets share
-            inputs = [torch.zeros((b, 8, 32, 32), device=dev, dtype=engine.dtype),
-                      engine.idle_prompt()[None].to(engine.dtype).expand(b, -1, -1).contiguous()]
-            if engine._lower_decoder is not None:
-                k, g = len(engine._lower_decoder.plan.norm_starts), engine._lower_decoder.groups
-                inputs.append(torch.ones((b, k, g, 2), device=dev, dtype=torch.float32))
-            for x in inputs:
-                torch._dynamo.maybe_mark_dynamic(x, 0)
-            fn(*inputs)
+        inputs = engine.example_face_inputs(batch)
+        for x in inputs:  # marked dynamic: the dynamic-batch graph the runner's buckets share
+            torch._dynamo.maybe_mark_dynamic(x, 0)
+        fn(*inputs)
     torch._dynamo.reset()
     return [n for gm in graphs[-1:] for n in norm_nodes(gm)]
 

@@ -435,14 +435,19 @@ class MuseTalkEngine(Engine):
     def warm_up(self) -> float:
         """Compile (with a compile mode) and capture UNet + decode and Whisper for every batch bucket."""
         with torch.inference_mode():
-            latents = torch.zeros((1, 8, 32, 32), device=self.device, dtype=self.dtype)
-            inputs: tuple[torch.Tensor, ...] = (latents, self.idle_prompt()[None].to(self.dtype))
-            if self._lower_decoder is not None:
-                k, g = len(self._lower_decoder.plan.norm_starts), self._lower_decoder.groups
-                inputs += (torch.ones((1, k, g, 2), device=self.device, dtype=torch.float32),)
-            seconds = self._face_runner.warm_up(inputs)
+            seconds = self._face_runner.warm_up(self.example_face_inputs(1))
             mel = log_mel(torch.zeros(1, SAMPLE_RATE, device=self.device))
             return seconds + self._whisper_runner.warm_up((mel,))
+
+    def example_face_inputs(self, batch: int) -> tuple[torch.Tensor, ...]:
+        """``_faces`` inputs of ``batch`` rows (zero latents, the silence prompt, and with
+        `first_face_row` unit upper statistics): what warm-up compiles and captures with."""
+        latents = torch.zeros((batch, 8, 32, 32), device=self.device, dtype=self.dtype)
+        inputs: tuple[torch.Tensor, ...] = (latents, self.idle_prompt()[None].to(self.dtype).expand(batch, -1, -1).contiguous())
+        if self._lower_decoder is not None:
+            k, g = len(self._lower_decoder.plan.norm_starts), self._lower_decoder.groups
+            inputs += (torch.ones((batch, k, g, 2), device=self.device, dtype=torch.float32),)
+        return inputs
 
     def idle_prompt(self) -> torch.Tensor:
         """Prompts of silence (1 s of zeros, a frame whose window lies inside it), computed once:
