@@ -18,3 +18,15 @@ def channels_last_dense(x: torch.Tensor) -> bool:
     _, c, h, w = x.shape
     s = x.stride()
     return bool(s[1] == 1 and s[3] == c and s[2] == w * c and s[0] == h * w * c)
+
+
+
+def memory_format_of(x: torch.Tensor) -> torch.memory_format:
+    """The layout a tensor of fixed shape is stored in: channels_last(_3d) where it is that and not
+    also plain contiguous (a 1x1 map is both), else contiguous. For weights and static buffers;
+    maps under a traced dynamic batch want `channels_last_dense`."""
+    if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+        return torch.channels_last
+    if x.dim() == 5 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last_3d):
+        return torch.channels_last_3d
+    return torch.contiguous_format

@@ -56,6 +56,7 @@ import torch
 
 from .cache import configure_compile_cache
 from .graph_family import GraphFamily
+from .layout import memory_format_of
 from .precision import tf32 as tf32_math
 
 log = logging.getLogger(__name__)
@@ -120,14 +121,6 @@ def _tree_cat(parts: list[Any], sizes: list[int]) -> Any:
     return first
 
 
-def _format_of(x: torch.Tensor) -> torch.memory_format:
-    if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
-        return torch.channels_last
-    if x.dim() == 5 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last_3d):
-        return torch.channels_last_3d
-    return torch.contiguous_format
-
-
 def _alloc_batch(x: torch.Tensor, batch: int, device: torch.device) -> torch.Tensor:
     """An empty [batch, *x.shape[1:]] buffer with x's dtype and memory format on `device`.
 
@@ -136,7 +129,7 @@ def _alloc_batch(x: torch.Tensor, batch: int, device: torch.device) -> torch.Ten
     session's audio encoder), which torch refuses."""
     with torch.inference_mode(False):
         buf = torch.empty((batch, *x.shape[1:]), dtype=x.dtype, device=device)
-        fmt = _format_of(x)
+        fmt = memory_format_of(x)
         return buf if fmt is torch.contiguous_format else buf.contiguous(memory_format=fmt)
 
 

@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 
 from ...accel.group_norm_nhwc import group_stats, normalise_groups
-from ...accel.layout import channels_last_dense
+from ...accel.layout import channels_last_dense, memory_format_of
 
 FULL_ROWS = 256  # MuseTalk decodes 32x32 latents to 256x256 faces
 
@@ -142,7 +142,7 @@ class LowerFaceDecoder(nn.Module):
         self.plan = plan_rows(decoder, first_row)
         self.groups = int(decoder.conv_norm_out.num_groups)
         w = next(p for p in decoder.up_blocks.parameters() if p.dim() == 4)  # channels-last weights: maps too
-        self.channels_last = bool(w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous())
+        self.channels_last = memory_format_of(w) is torch.channels_last
 
     @property
     def first_row(self) -> int:
