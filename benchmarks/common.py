@@ -205,8 +205,9 @@ def variant_list(spec: str | None) -> list[str] | None:
 
 
 TRITON_FLAGS = {"triton": "half", "triton8": "fp8", "triton8s": "fp8-static", "triton8m": "mixed"}  # variant flag -> triton_convs
-VARIANT_FLAGS = ("nchw", "cl", "nobench", "norw", "gn", "nogn", "tf32", "notf32", *TRITON_FLAGS)
-VARIANT_SYNTAX = "ACCEL[:nchw|:cl][:nobench][:norw][:gn|:nogn][:tf32|:notf32][:triton|:triton8|:triton8s|:triton8m][:rowsR]"
+VARIANT_FLAGS = ("nchw", "cl", "nobench", "norw", "gn", "nogn", "tf32", "notf32", "static", *TRITON_FLAGS)
+VARIANT_SYNTAX = ("ACCEL[:nchw|:cl][:nobench][:norw][:gn|:nogn][:tf32|:notf32][:triton|:triton8|:triton8s|:triton8m]"
+                  "[:rowsR][:static]")
 
 
 def kernel_choices() -> dict[str, Any]:
@@ -233,7 +234,8 @@ def parse_variant(spec: str) -> dict[str, Any]:
     engine's default, TF32), and the render convolutions on the Triton kernel in half precision
     (':triton') or FP8 with input scales per call (':triton8'), fixed at build (':triton8s') or on
     the network's FP8-safe convs only (':triton8m'; accel/igemm_conv.py), and for MuseTalk the VAE
-    decoder for face rows R-255 only (':rows104': ``first_face_row``, engines/musetalk/lower_face_decoder.py).
+    decoder for face rows R-255 only (':rows104': ``first_face_row``, engines/musetalk/lower_face_decoder.py)
+    and its render compiled per batch bucket at a static shape (':static': ``static_shapes``).
     Each configuration gets its own copy of the weights (engines/model_cache.py)."""
     from newsstudio.accel import MODES
 
@@ -257,6 +259,8 @@ def parse_variant(spec: str) -> dict[str, Any]:
         kw["triton_convs"] = triton[-1]
     if rows:
         kw["first_face_row"] = int(rows[-1][4:])
+    if "static" in flags:
+        kw["static_shapes"] = True
     return kw
 
 

@@ -176,6 +176,36 @@ def test_bucketed_runner_buckets_and_one_compilation():
         BucketedRunner(fn, "fast")
 
 
+def test_bucketed_runner_static_shapes_compile_each_bucket_at_its_size():
+    """``dynamic_batch=False`` (MuseTalk's ``static_shapes``): every bucket its own compilation,
+    each at a concrete batch size, with the same results as the shared dynamic one."""
+    lin = nn.Linear(4, 2)
+
+    def fn(x):
+        return lin(x).relu()
+
+    for dynamic, graphs, symbolic in ((False, 2, False), (True, 1, True)):
+        torch._dynamo.reset()
+        traced: list[list[object]] = []
+
+        def backend(gm, example_inputs):
+            traced.append(list(example_inputs))
+            return gm.forward
+
+        runner = BucketedRunner(fn, "compile", sizes=(4, 8), backend=backend, allow_cpu_compile=True,
+                                dynamic_batch=dynamic)
+        for n in (3, 7, 11):
+            x = torch.randn(n, 4)
+            with torch.no_grad():
+                torch.testing.assert_close(runner(x), lin(x).relu())
+        assert sorted(runner.runners) == [4, 8]
+        assert len(traced) == graphs
+        has_symbol = any(isinstance(a, torch.SymInt) or (isinstance(a, torch.Tensor) and not all(
+            isinstance(d, int) for d in a.shape)) for args in traced for a in args)
+        assert has_symbol is symbolic
+    torch._dynamo.reset()
+
+
 def test_bucketed_runner_explicit_sizes_pad_less_and_compile_once():
     """The render buckets (`RENDER_BUCKETS`): a call runs in the smallest listed size that holds it
     (9 frames as 12, 17 as 24), longer calls split at the largest, still one compilation."""

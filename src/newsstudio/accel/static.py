@@ -430,14 +430,16 @@ class BucketedRunner:
     (a 5-frame tail of a stream runs as 8, not 32) and longer calls are split into `max_bucket`
     chunks. With a compile mode, ONE `torch.compile` of `fn` with a dynamic batch dimension
     serves every bucket (each bucket then only captures its CUDA graph), so a process compiles
-    once. Thread-safe: sessions share the runners; each graph replay copies its outputs out.
+    once; ``dynamic_batch=False`` compiles each bucket for its own static shape instead (slower
+    warm-up; Inductor then sees every size, and layout tests see concrete strides).
+    Thread-safe: sessions share the runners; each graph replay copies its outputs out.
     """
 
     def __init__(self, fn: Callable[..., Any], mode: str, *, min_bucket: int = 4, max_bucket: int = 32,
                  sizes: Sequence[int] | None = None,
                  compile_mode: str = "default", fallback_on_error: bool = True, cache_dir: str | None = None,
                  backend: str | Callable[..., Any] = "inductor", allow_cpu_compile: bool = False,
-                 tf32: bool = False) -> None:
+                 tf32: bool = False, dynamic_batch: bool = True) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         if sizes is not None:  # explicit bucket sizes instead of the powers of two
@@ -460,6 +462,7 @@ class BucketedRunner:
         self.runners: dict[int, StaticBatchRunner] = {}
         self.family = GraphFamily()  # the buckets replay one at a time: one capture stream, one order
         self.tf32 = bool(tf32)
+        self.dynamic_batch = bool(dynamic_batch)
         self._compiled: Callable[..., Any] | None = None
         self._lock = threading.Lock()
 
@@ -467,7 +470,7 @@ class BucketedRunner:
         return next(b for b in self._sizes if b >= min(n, self.max_bucket))
 
     def _shared_compiled(self) -> Callable[..., Any] | None:
-        if self.mode not in ("compile", "compile+cudagraph"):
+        if self.mode not in ("compile", "compile+cudagraph") or not self.dynamic_batch:
             return None
         if self._compiled is None:
             if self.backend == "inductor":
@@ -483,6 +486,7 @@ class BucketedRunner:
             r = self.runners.get(bucket)
             if r is None:
                 r = StaticBatchRunner(self.fn, bucket, [x[:1] for x in example_inputs], mode=self.mode,
+                                      compile_mode=self.compile_mode, backend=self.backend,
                                       fallback_on_error=self.fallback_on_error, compiled=self._shared_compiled(),
                                       cache_dir=self.cache_dir, allow_cpu_compile=self.allow_cpu_compile,
                                       family=self.family, tf32=self.tf32)

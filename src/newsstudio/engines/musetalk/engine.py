@@ -152,6 +152,9 @@ class MuseTalkEngine(Engine):
     skipped rows' GroupNorm statistics come from each avatar frame rendered with the silence prompt
     (computed when the avatar is loaded), an approximation whose error benchmarks/lower_face_decoder.py
     measures. An avatar whose blend reaches above row ``R`` is refused with the row it needs.
+    ``static_shapes``: with a compile mode, compile UNet + decoder once per render bucket at its
+    own batch size instead of once at a dynamic batch (accel/static.py `BucketedRunner`): six
+    compilations at warm-up; off by default until the GPU shows it pays.
     """
 
     name = "musetalk"
@@ -185,6 +188,7 @@ class MuseTalkEngine(Engine):
         nhwc_norms: bool | None = None,
         triton_convs: str = "off",
         first_face_row: int = 0,
+        static_shapes: bool = False,
         unet_config: dict[str, Any] | None = None,
         vae_config: dict[str, Any] | None = None,
     ):
@@ -236,7 +240,9 @@ class MuseTalkEngine(Engine):
         self._lower_decoder = LowerFaceDecoder(self._vae_decoder, first_face_row) if first_face_row else None
         # UNet + decode run as one static-shape callable per batch bucket: CUDA graphs remove the
         # ~2,500 kernel launches per call (tens of ms) that dominate small batches. Eager on CPU.
-        self._face_runner = BucketedRunner(self._faces, self.accel, sizes=render_buckets())
+        self.static_shapes = bool(static_shapes)
+        self._face_runner = BucketedRunner(self._faces, self.accel, sizes=render_buckets(),
+                                           dynamic_batch=not self.static_shapes)
         # Whisper over whole 30 s pieces (1-4 per call): a fixed shape, ~100 small kernels per run.
         self._whisper_runner = BucketedRunner(partial(encoder_hidden_states, self.models.whisper_encoder),
                                               self.front_end_accel, min_bucket=1, max_bucket=WHISPER_BUCKET_MAX)
