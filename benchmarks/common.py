@@ -234,7 +234,8 @@ def parse_variant(spec: str) -> dict[str, Any]:
     engine's default, TF32), and the render convolutions on the Triton kernel in half precision
     (':triton') or FP8 with input scales per call (':triton8'), fixed at build (':triton8s') or on
     the network's FP8-safe convs only (':triton8m'; accel/igemm_conv.py), and for MuseTalk the VAE
-    decoder for face rows R-255 only (':rows104': ``first_face_row``, engines/musetalk/lower_face_decoder.py)
+    decoder for face rows R-255 only (':rows104': ``first_face_row``, engines/musetalk/lower_face_decoder.py;
+    ':rows0' the whole face, which with a compile mode on CUDA is no longer the default)
     and its render compiled per batch bucket at a static shape (':static': ``static_shapes``).
     Each configuration gets its own copy of the weights (engines/model_cache.py)."""
     from newsstudio.accel import MODES

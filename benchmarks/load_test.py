@@ -69,7 +69,7 @@ def start_server(args) -> tuple[str, object, object, object]:
         defaults["max_render_fps"] = args.max_render_fps
     if args.triton_convs != "off":
         defaults["triton_convs"] = args.triton_convs
-    if args.first_face_row:
+    if args.first_face_row is not None:
         defaults["first_face_row"] = args.first_face_row
     cfg = ServerConfig(engine=args.engine, device=args.device, avatars=d / "avatars", clips=d / "clips",
                        max_sessions=max(args.sessions) + 2, weights=args.weights, fps=args.fps, accel=args.accel,
@@ -530,8 +530,9 @@ def main() -> None:
     ap.add_argument("--live-update-rows", default=None,
                     help="comma-separated MuseTalk live feature update steps in 20 ms Whisper rows, each a level "
                          "(the engine's LIVE_UPDATE_ROWS: one 30 s re-encode per step per stream)")
-    ap.add_argument("--first-face-row", type=int, default=0,
-                    help="ServerConfig.first_face_row: MuseTalk decodes face rows from it on only (0: the whole face)")
+    ap.add_argument("--first-face-row", default=None,
+                    help="ServerConfig.first_face_row: the face rows MuseTalk decodes ('auto', 0 = the whole face, or a "
+                         "row; absent: the server's default, 'auto' on CUDA with a compile mode)")
     ap.add_argument("--max-render-fps", default=None,
                     help="ServerConfig.max_render_fps (N or ENGINE=N): sessions past it are refused, counted apart "
                          "from the admitted ones (server started here)")
@@ -609,7 +610,7 @@ def run_levels(args, url: str, pcm, sr, levels: list, clients: ClientPool | None
                      "compose": getattr(server_cfg, "compose", None), "format": args.format,
                      "spread_render_phases": bool(getattr(server_cfg, "spread_render_phases", False)),
                      "fill_render_batches": bool(getattr(server_cfg, "fill_render_batches", False)),
-                     "first_face_row": int(getattr(server_cfg, "first_face_row", 0))})
+                     "first_face_row": getattr(server_cfg, "first_face_row", None)})
         r = rows[-1]
         refused = f"{r['refused']} refused (render capacity), " if r["refused"] else ""
         print(f"[{time.monotonic() - t0:.0f} s] {n} sessions: {r['sustained']} sustained, {refused}{r['errors']} errors {r['error_samples'] or ''}",

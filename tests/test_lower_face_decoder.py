@@ -172,10 +172,14 @@ def test_the_setting_reaches_musetalk_only_from_the_cli_server_and_load_test_set
     from newsstudio.server.state import ServerConfig
 
     assert engine_options("musetalk", "random", None, first_face_row=104)["first_face_row"] == 104
-    assert "first_face_row" not in engine_options("musetalk", "random", None)  # 0: the whole face
+    assert "first_face_row" not in engine_options("musetalk", "random", None)  # the engine's default
+    assert engine_options("musetalk", "random", None, first_face_row="auto")["first_face_row"] == "auto"
+    assert engine_options("musetalk", "random", None, first_face_row="0")["first_face_row"] == 0  # the whole face
+    with pytest.raises(ValueError, match="first_face_row"):
+        engine_options("classic", "random", None, first_face_row="top")
     assert "first_face_row" not in engine_options("ditto", "random", None, first_face_row=104)
     assert engine_options("classic", "random", None, first_face_row=104) == {}
-    assert ServerConfig().first_face_row == 0
+    assert ServerConfig().first_face_row is None  # the engine's default (face_rows.py)
 
 
 def test_first_blended_face_row_follows_the_box_resize():

@@ -495,3 +495,72 @@ def test_lower_face_decoding_changes_no_blended_pixel_of_silence_and_refuses_ava
     too_low = MuseTalkEngine("cpu", weights="random", first_face_row=first + 8, **TINY)
     with pytest.raises(PacketError, match=f"uses face rows from {first}"):
         too_low.load_avatar(layer.packet)
+
+
+def test_face_rows_default_to_the_lower_decoder_only_where_it_was_measured_to_pay():
+    """``first_face_row``: the lower-face decoder by default on CUDA with a compile mode (dense +25 %
+    on an H100), the whole face elsewhere; ``"auto"`` never refuses an avatar, a row number does."""
+    from newsstudio.engines.musetalk.face_rows import AUTO_FIRST_FACE_ROW, FaceRows, parse_first_face_row, resolve_face_rows
+
+    assert resolve_face_rows(None, "cpu", "eager") == FaceRows(0, strict=True)
+    assert resolve_face_rows("default", "cuda", "cudagraph") == FaceRows(0, strict=True)
+    assert resolve_face_rows(None, "cuda", "compile+cudagraph") == FaceRows(AUTO_FIRST_FACE_ROW, strict=False)
+    assert resolve_face_rows("auto", "cpu", "eager") == FaceRows(AUTO_FIRST_FACE_ROW, strict=False)
+    assert resolve_face_rows("112", "cuda", "compile") == FaceRows(112, strict=True)
+    assert resolve_face_rows(0, "cuda", "compile") == FaceRows(0, strict=True)
+    for bad in ("256", "-1", "top", 1.5):
+        with pytest.raises(ValueError, match="first_face_row"):
+            parse_first_face_row(bad)
+
+
+def test_auto_face_rows_render_an_avatar_whose_blend_reaches_higher_with_the_whole_face(tiny, video_packet, tmp_path, monkeypatch, capsys):
+    """Under ``"auto"`` an avatar whose blend shows rows above the cut is not refused: its frames come
+    from the whole-face decoder, exactly the whole-face engine's."""
+    from newsstudio.engines.musetalk import face_rows
+    from newsstudio.engines.musetalk.prebake import first_blended_face_rows
+
+    layer = tiny.load_avatar(_copy_packet(video_packet, tmp_path / "v"))
+    first = int(first_blended_face_rows(layer.masks, layer.packet.tensor("musetalk/boxes").float()).min())
+    monkeypatch.setattr(face_rows, "AUTO_FIRST_FACE_ROW", first + 8)
+    auto = MuseTalkEngine("cpu", weights="random", first_face_row="auto", **TINY)
+    assert auto.first_face_row == first + 8 and not auto.face_rows.strict
+    auto_layer = auto.load_avatar(layer.packet)
+    assert "upper_stats" not in auto_layer.data
+    assert "renders with the whole-face decoder" in capsys.readouterr().err
+    idx = torch.arange(layer.n_frames)
+    speech = torch.randn(layer.n_frames, 50, 384, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(auto.render(auto_layer, speech, idx), tiny.render(layer, speech, idx), atol=1.0, rtol=0)
+
+
+def test_prebake_stores_the_upper_row_statistics_and_loading_uses_them(tiny, video_packet, tmp_path, monkeypatch):
+    """With a lower-face decoder the skipped rows' statistics are made once at prebake and read at
+    load (no decode then); stats made for another row, or tampered to NaN, are recomputed."""
+    from newsstudio.engines.musetalk.face_rows import UPPER_STATS_ARRAY, UPPER_STATS_META, store_upper_stats
+    from newsstudio.engines.musetalk.prebake import first_blended_face_rows
+
+    packet = _copy_packet(tiny.prebake(video_packet), tmp_path / "v")
+    masks, boxes = packet.tensor("musetalk/mask").float(), packet.tensor("musetalk/boxes").float()
+    first = int(first_blended_face_rows(masks, boxes).min())
+    lower = MuseTalkEngine("cpu", weights="random", first_face_row=first, **TINY)
+    assert UPPER_STATS_ARRAY not in packet
+    computed = lower.load_avatar(packet).data["upper_stats"]  # computed at load: nothing stored yet
+    packet = lower.prebake(packet, progress=False)
+    assert packet.engine_meta("musetalk")[UPPER_STATS_META]["first_face_row"] == first
+    torch.testing.assert_close(packet.tensor(UPPER_STATS_ARRAY), computed, atol=1e-5, rtol=1e-4)
+
+    calls: list[int] = []
+    real = lower._upper_stats
+    monkeypatch.setattr(lower, "_upper_stats", lambda latents, progress=True: calls.append(1) or real(latents, progress))
+    lower._layers.clear()
+    torch.testing.assert_close(lower.load_avatar(packet).data["upper_stats"], computed, atol=1e-5, rtol=1e-4)
+    assert calls == []  # read from the packet
+    assert lower.prebake(packet) is packet and calls == []  # nothing to add
+
+    key = dict(packet.engine_meta("musetalk")[UPPER_STATS_META])
+    nan = np.full(packet.specs[UPPER_STATS_ARRAY].shape, np.nan, dtype=np.float32)
+    for stats, k in ((nan, key), (np.asarray(packet.array(UPPER_STATS_ARRAY)).copy(), {**key, "first_face_row": first - 8})):
+        bad = store_upper_stats(packet, stats, k)
+        lower._layers.clear()
+        calls.clear()
+        torch.testing.assert_close(lower.load_avatar(bad).data["upper_stats"], computed, atol=1e-5, rtol=1e-4)
+        assert calls == [1]

@@ -54,7 +54,7 @@ def check_accel(accel: str) -> str:
 def engine_options(name: str, weights: str, models: str | os.PathLike[str] | None, accel: str = "auto",
                    device: str | torch.device | None = None, long_running: bool = False,
                    front_end_tf32: bool | None = None, triton_convs: str = "off",
-                   first_face_row: int = 0) -> dict[str, Any]:
+                   first_face_row: int | str | None = None) -> dict[str, Any]:
     """Keyword arguments for `create_engine(name, ...)` from the CLI/server settings.
 
     accel ``"auto"``: the engine's own default (CUDA graphs on CUDA, eager on CPU), except for a
@@ -63,10 +63,13 @@ def engine_options(name: str, weights: str, models: str | os.PathLike[str] | Non
     on disk for the next start). ``front_end_tf32``: Ditto's float32 front end (HuBERT, LMDM)
     graphed with TF32 matmuls or not (`DittoEngine`; None: its default, on); MuseTalk's front end
     runs in half precision already. ``triton_convs``: the neural engines' render convolutions on the
-    Triton kernel (accel/igemm_conv.py): "off", "half" or "fp8". ``first_face_row``: MuseTalk decodes
-    face rows from it on only (engines/musetalk/lower_face_decoder.py; 0: the whole face)."""
+    Triton kernel (accel/igemm_conv.py): "off", "half" or "fp8". ``first_face_row``: the face rows MuseTalk's
+    decoder makes (engines/musetalk/face_rows.py: "default"/None, "auto", 0 = the whole face, or a row)."""
+    from .musetalk.face_rows import parse_first_face_row
+
     check_accel(accel)
     check_triton_convs(triton_convs)
+    rows = parse_first_face_row(first_face_row)  # checked for every engine: a typo fails early
     if name == "classic":
         return {}
     kw: dict[str, Any] = {"weights": weights, "models": models}
@@ -78,8 +81,8 @@ def engine_options(name: str, weights: str, models: str | os.PathLike[str] | Non
         kw["front_end_tf32"] = bool(front_end_tf32)
     if triton_convs != "off":
         kw["triton_convs"] = triton_convs
-    if first_face_row and name == "musetalk":
-        kw["first_face_row"] = int(first_face_row)
+    if rows is not None and name == "musetalk":
+        kw["first_face_row"] = rows
     return kw
 
 

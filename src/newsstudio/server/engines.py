@@ -9,6 +9,7 @@ import torch
 
 from ..engines.base import Engine
 from ..engines.batching import Batcher, RenderBatcher, check_compose
+from ..engines.musetalk.face_rows import parse_first_face_row
 from ..engines.registry import ENGINES, check_accel, check_triton_convs, create_engine, default_engine, engine_options
 
 log = logging.getLogger(__name__)
@@ -22,9 +23,9 @@ class EnginePool:
     def __init__(self, default: str, device: torch.device, weights: str, models: Any, accel: str = "auto",
                  batch_sessions: bool = True, front_end_streams: bool = True, render_in_flight: int = 0,
                  stall_s: float | None = None, front_end_tf32: bool = True, compose: str = "stream",
-                 triton_convs: str = "off", fill_render_batches: bool = False, first_face_row: int = 0):
+                 triton_convs: str = "off", fill_render_batches: bool = False, first_face_row: int | str | None = None):
         self.device = device
-        self.first_face_row = first_face_row
+        self.first_face_row = parse_first_face_row(first_face_row)  # before any session
         self.fill_render_batches = fill_render_batches
         self.compose = check_compose(compose)  # ServerConfig.compose (checked before any session): the render batchers' mode
         self.front_end_tf32 = front_end_tf32

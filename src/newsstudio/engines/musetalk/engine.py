@@ -46,6 +46,7 @@ from ..batching import TensorBatcher
 from ..model_cache import ModelCache
 from .audio_features import SAMPLE_RATE, PositionalEncoding, audio_prompts, encoder_hidden_states, log_mel
 from .frame_queues import MuseTalkConditioner
+from .face_rows import resolve_face_rows, store_upper_stats, stored_upper_stats
 from .lower_face_decoder import LowerFaceDecoder
 from .prebake import (PrebakeOptions, box_grid_axes, first_blended_face_rows, grid_from_axes, prebake_mismatch,
                       prebake_musetalk, resize_with_grid, vae_fingerprint)
@@ -147,11 +148,15 @@ class MuseTalkEngine(Engine):
     (``"fp8-static"``: from the built-in portrait rendered with silence and speech, with 2x headroom),
     ``"mixed"`` (fp8-static on the full-resolution block, `FP8_SAFE_DECODER_CONVS`, half elsewhere),
     or by cuDNN (``"off"``, the default until the kernel is measured to pay on the GPU); CUDA only.
-    ``first_face_row``: 0 (default) decodes the whole 256-row face; ``R`` > 0 decodes rows ``R``-255
-    only (lower_face_decoder.py: ~73 % of the decoder's FLOPs at 104), the rows the blend uses; the
+    ``first_face_row``: which face rows the VAE decoder makes (face_rows.py): by default rows 104-255
+    (``"auto"``) on CUDA with a compile mode (dense 596.6 instead of 475.9 frames/s on an H100) and
+    the whole face elsewhere; ``0`` the whole face; ``R`` rows ``R``-255 only
+    (lower_face_decoder.py: ~73 % of the decoder's FLOPs at 104), the rows the blend uses. The
     skipped rows' GroupNorm statistics come from each avatar frame rendered with the silence prompt
-    (computed when the avatar is loaded), an approximation whose error benchmarks/lower_face_decoder.py
-    measures. An avatar whose blend reaches above row ``R`` is refused with the row it needs.
+    (made at prebake and stored in the packet, or when the avatar is loaded), an approximation
+    (36.9 dB over the blended pixels with seeded weights; benchmarks/lower_face_decoder.py). An
+    avatar whose blend reaches above the row renders with the whole face under ``"auto"`` and is
+    refused under an explicit ``R``.
     ``static_shapes``: with a compile mode, compile UNet + decoder once per render bucket at its
     own batch size instead of once at a dynamic batch (accel/static.py `BucketedRunner`): six
     compilations at warm-up; off by default until the GPU shows it pays.
@@ -187,7 +192,7 @@ class MuseTalkEngine(Engine):
         conv_rewrites: bool = True,
         nhwc_norms: bool | None = None,
         triton_convs: str = "off",
-        first_face_row: int = 0,
+        first_face_row: int | str | None = None,
         static_shapes: bool = False,
         unet_config: dict[str, Any] | None = None,
         vae_config: dict[str, Any] | None = None,
@@ -237,12 +242,18 @@ class MuseTalkEngine(Engine):
         self.triton_convs, self._vae_decoder = with_triton_convs(
             self._vae_decoder, triton_convs, device, copied=self.conv_rewrites or self.nhwc_norms,
             fp8_convs=fp8_safe_decoder_conv)
-        self._lower_decoder = LowerFaceDecoder(self._vae_decoder, first_face_row) if first_face_row else None
+        self.face_rows = resolve_face_rows(first_face_row, device.type, self.accel)
+        self._lower_decoder = LowerFaceDecoder(self._vae_decoder, self.face_rows.first_row) if self.face_rows.first_row else None
         # UNet + decode run as one static-shape callable per batch bucket: CUDA graphs remove the
         # ~2,500 kernel launches per call (tens of ms) that dominate small batches. Eager on CPU.
         self.static_shapes = bool(static_shapes)
         self._face_runner = BucketedRunner(self._faces, self.accel, sizes=render_buckets(),
                                            dynamic_batch=not self.static_shapes)
+        # with a lower decoder, the whole face for avatars whose blend reaches above its first row
+        # (compiled when the first such avatar is loaded)
+        self._whole_face_runner = (BucketedRunner(self._faces, self.accel, sizes=render_buckets(),
+                                                  dynamic_batch=not self.static_shapes)
+                                   if self._lower_decoder is not None else None)
         # Whisper over whole 30 s pieces (1-4 per call): a fixed shape, ~100 small kernels per run.
         self._whisper_runner = BucketedRunner(partial(encoder_hidden_states, self.models.whisper_encoder),
                                               self.front_end_accel, min_bucket=1, max_bucket=WHISPER_BUCKET_MAX)
@@ -278,19 +289,40 @@ class MuseTalkEngine(Engine):
         return self._parser
 
     def prebake(self, packet: Packet, progress: bool = True, force: bool = False) -> Packet:
-        """Add MuseTalk's arrays (no-op when the packet already has them for these weights/options)."""
-        if not force and prebake_mismatch(packet, self.expected_meta()) is None:
-            return packet
-        parser = self.face_parser() if self.options.mask == "bisenet" else None
-        # Encode in float32 even when rendering in float16: the latents are made once and stored
-        # as float16 (measured error in the meta); a transient fp32 copy of the VAE costs ~0.3 GB.
-        vae = self.models.vae if self.dtype == torch.float32 else torch.nn.Module.to(copy.deepcopy(self.models.vae), dtype=torch.float32)
+        """Add MuseTalk's arrays (no-op when the packet already has them for these weights/options),
+        and with a lower-face decoder the skipped rows' statistics (face_rows.py)."""
         try:
-            return prebake_musetalk(packet, vae, self.options, parser=parser,
-                                    weights_meta=self.weights_meta(), batch_size=self.prebake_batch, progress=progress)
+            if force or prebake_mismatch(packet, self.expected_meta()) is not None:
+                parser = self.face_parser() if self.options.mask == "bisenet" else None
+                # Encode in float32 even when rendering in float16: the latents are made once and stored
+                # as float16 (measured error in the meta); a transient fp32 copy of the VAE costs ~0.3 GB.
+                vae = self.models.vae if self.dtype == torch.float32 else torch.nn.Module.to(copy.deepcopy(self.models.vae), dtype=torch.float32)
+                packet = prebake_musetalk(packet, vae, self.options, parser=parser, weights_meta=self.weights_meta(),
+                                          batch_size=self.prebake_batch, progress=progress)
+            if self._lower_decoder is not None and self._upper_stats_needed(packet):
+                latents = packet.tensor("musetalk/latents").to(self.device).to(self.dtype)
+                stats = self._upper_stats(latents, progress)
+                packet = store_upper_stats(packet, stats.cpu().numpy(), self._upper_stats_key())
+            return packet
         except PermissionError as e:
             raise PacketError(f"avatar packet {packet.path} is not writable, so MuseTalk's arrays cannot be added "
                               f"({e}); prebake it where it can be written (`newsstudio prebake ... --engines musetalk`)") from e
+
+    def _upper_stats_key(self) -> dict[str, Any]:
+        """What the stored upper-row statistics depend on besides the packet's own latents."""
+        return {"first_face_row": self.first_face_row, "version": self.version, "dtype": str(self.dtype).removeprefix("torch."),
+                **self.weights_meta()}
+
+    def _upper_stats_shape(self, n: int) -> tuple[int, ...]:
+        assert self._lower_decoder is not None
+        return (n, len(self._lower_decoder.plan.norm_starts), self._lower_decoder.groups, 2)
+
+    def _upper_stats_needed(self, packet: Packet) -> bool:
+        """The packet lacks this engine's upper-row statistics and its blend allows the lower decoder."""
+        if stored_upper_stats(packet, self._upper_stats_key(), self._upper_stats_shape(packet.n_frames)) is not None:
+            return False
+        masks = packet.tensor("musetalk/mask").to(torch.float32)
+        return self._blend_first_row(packet, masks, packet.tensor("musetalk/boxes").to(torch.float32)) >= self.first_face_row
 
     # -- avatar -----------------------------------------------------------------------------
     def load_avatar(self, packet: Packet) -> AvatarLayer:
@@ -323,25 +355,42 @@ class MuseTalkEngine(Engine):
         gx, gy = box_grid_axes(boxes, (hr, wr))  # once per avatar: each render batch gathers its frames' rows
         data = {"latents": latents, "grid_x": gx, "grid_y": gy}
         if self._lower_decoder is not None:
-            self._check_blend_rows(packet, masks, boxes)
-            data["upper_stats"] = self._upper_stats(latents)
+            if self._blend_first_row(packet, masks, boxes) >= self.first_face_row:
+                stored = stored_upper_stats(packet, self._upper_stats_key(), self._upper_stats_shape(n))
+                data["upper_stats"] = (torch.from_numpy(np.array(stored)).to(dev) if stored is not None
+                                       else self._upper_stats(latents))
+            else:
+                self._warm_whole_face_runner()
         return AvatarLayer(self.name, packet, dev, (hr, wr), origins, masks, data)
 
-    def _check_blend_rows(self, packet: Packet, masks: torch.Tensor, boxes: torch.Tensor) -> None:
-        """Refuse an avatar whose blend shows face rows the lower decoder does not make."""
+    def _blend_first_row(self, packet: Packet, masks: torch.Tensor, boxes: torch.Tensor) -> int:
+        """The first face row the avatar's blend shows. An explicit `first_face_row` below it
+        refuses the avatar; ``"auto"`` renders it with the whole face (said once on stderr)."""
         first = int(first_blended_face_rows(masks, boxes).min())
-        if first < self.first_face_row:
+        if first < self.first_face_row and self.face_rows.strict:
             raise PacketError(f"avatar {packet.id!r}: its blend mask uses face rows from {first}, but this engine "
-                              f"decodes rows {self.first_face_row}-255 only (first_face_row); use first_face_row <= {first} "
-                              "or 0 (the whole face)")
+                              f"decodes rows {self.first_face_row}-255 only (first_face_row); use first_face_row <= {first}, "
+                              "'auto' or 0 (the whole face)")
+        if first < self.first_face_row:
+            print(f"musetalk: avatar {packet.id!r} blends face rows from {first}, above row {self.first_face_row}: "
+                  "it renders with the whole-face decoder (slower)", file=sys.stderr)
+        return first
 
-    def _upper_stats(self, latents: torch.Tensor) -> torch.Tensor:
+    def _warm_whole_face_runner(self) -> None:
+        """Compile the whole-face render when the first avatar that needs it is loaded, not mid-stream."""
+        runner = self._whole_face_runner
+        if runner is not None and not runner.runners and self.accel != "eager":
+            with torch.inference_mode():
+                runner.warm_up(self.example_face_inputs(1, whole_face=True))
+
+    def _upper_stats(self, latents: torch.Tensor, progress: bool = True) -> torch.Tensor:
         """Per avatar frame, the GroupNorm statistics of the face rows the lower decoder skips, from
         the frame rendered with the silence prompt: (N, K, G, 2) float32 on the device."""
         assert self._lower_decoder is not None
         idle = self.idle_prompt().to(self.device, self.dtype)
         n, out = latents.shape[0], []
-        bar = tqdm(total=n, desc="musetalk upper-face statistics", unit="f", disable=n <= self.prebake_batch, file=sys.stderr)
+        bar = tqdm(total=n, desc="musetalk upper-face statistics", unit="f", disable=not progress or n <= self.prebake_batch,
+                   file=sys.stderr)
         with torch.inference_mode():
             for b0 in range(0, n, self.prebake_batch):
                 lat = latents[b0:b0 + self.prebake_batch]
@@ -389,9 +438,12 @@ class MuseTalkEngine(Engine):
                 return torch.cat([items[run[0]][0].data[key].index_select(0, idx) for run, idx in zip(runs, idxs)])
 
             inputs = (gather("latents"), torch.cat([d.to(dev, self.dtype) for _, d, _ in items]))
-            if self._lower_decoder is not None:
-                inputs += (gather("upper_stats"),)
-            faces = self._face_runner(*inputs)
+            if self._whole_face_runner is not None and any("upper_stats" not in items[run[0]][0].data for run in runs):
+                faces = self._whole_face_runner(*inputs)  # an avatar whose blend needs the whole face: all of the batch
+            else:
+                if self._lower_decoder is not None:
+                    inputs += (gather("upper_stats"),)
+                faces = self._face_runner(*inputs)
             out: list[torch.Tensor] = []
             s = 0
             for run, idx in zip(runs, idxs):
@@ -445,12 +497,12 @@ class MuseTalkEngine(Engine):
             mel = log_mel(torch.zeros(1, SAMPLE_RATE, device=self.device))
             return seconds + self._whisper_runner.warm_up((mel,))
 
-    def example_face_inputs(self, batch: int) -> tuple[torch.Tensor, ...]:
+    def example_face_inputs(self, batch: int, whole_face: bool = False) -> tuple[torch.Tensor, ...]:
         """``_faces`` inputs of ``batch`` rows (zero latents, the silence prompt, and with
-        `first_face_row` unit upper statistics): what warm-up compiles and captures with."""
+        `first_face_row` unless ``whole_face`` unit upper statistics): what warm-up compiles and captures with."""
         latents = torch.zeros((batch, 8, 32, 32), device=self.device, dtype=self.dtype)
         inputs: tuple[torch.Tensor, ...] = (latents, self.idle_prompt()[None].to(self.dtype).expand(batch, -1, -1).contiguous())
-        if self._lower_decoder is not None:
+        if self._lower_decoder is not None and not whole_face:
             k, g = len(self._lower_decoder.plan.norm_starts), self._lower_decoder.groups
             inputs += (torch.ones((batch, k, g, 2), device=self.device, dtype=torch.float32),)
         return inputs
