@@ -365,7 +365,7 @@ class MuseTalkEngine(Engine):
 
     def _blend_first_row(self, packet: Packet, masks: torch.Tensor, boxes: torch.Tensor) -> int:
         """The first face row the avatar's blend shows. An explicit `first_face_row` below it
-        refuses the avatar; ``"auto"`` renders it with the whole face (said once on stderr)."""
+        refuses the avatar; ``"auto"`` renders it with the whole face (and says so on stderr)."""
         first = int(first_blended_face_rows(masks, boxes).min())
         if first < self.first_face_row and self.face_rows.strict:
             raise PacketError(f"avatar {packet.id!r}: its blend mask uses face rows from {first}, but this engine "
