@@ -533,18 +533,21 @@ def test_auto_face_rows_render_an_avatar_whose_blend_reaches_higher_with_the_who
 
 
 def test_prebake_stores_the_upper_row_statistics_and_loading_uses_them(tiny, video_packet, tmp_path, monkeypatch):
-    """With a lower-face decoder the skipped rows' statistics are made once at prebake and read at
-    load (no decode then); stats made for another row, or tampered to NaN, are recomputed."""
+    """With a lower-face decoder the skipped rows' statistics are made once, at prebake (or at the
+    first load of a packet baked without them, then kept in it) and read at later loads (no decode
+    then); stats made for another row, or tampered to NaN, are recomputed."""
     from newsstudio.engines.musetalk.face_rows import UPPER_STATS_ARRAY, UPPER_STATS_META, store_upper_stats
     from newsstudio.engines.musetalk.prebake import first_blended_face_rows
 
-    packet = _copy_packet(tiny.prebake(video_packet), tmp_path / "v")
+    baked = tiny.prebake(video_packet)
+    packet = _copy_packet(baked, tmp_path / "v")
     masks, boxes = packet.tensor("musetalk/mask").float(), packet.tensor("musetalk/boxes").float()
     first = int(first_blended_face_rows(masks, boxes).min())
     lower = MuseTalkEngine("cpu", weights="random", first_face_row=first, **TINY)
     assert UPPER_STATS_ARRAY not in packet
-    computed = lower.load_avatar(packet).data["upper_stats"]  # computed at load: nothing stored yet
-    packet = lower.prebake(packet, progress=False)
+    computed = lower.load_avatar(packet).data["upper_stats"]  # none stored: computed at load, and kept
+    assert open_packet(packet.path).engine_meta("musetalk")[UPPER_STATS_META]["first_face_row"] == first
+    packet = lower.prebake(_copy_packet(baked, tmp_path / "p"), progress=False)  # or made at prebake
     assert packet.engine_meta("musetalk")[UPPER_STATS_META]["first_face_row"] == first
     torch.testing.assert_close(packet.tensor(UPPER_STATS_ARRAY), computed, atol=1e-5, rtol=1e-4)
 

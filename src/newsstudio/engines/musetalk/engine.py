@@ -23,6 +23,7 @@ clipped to the frame; non-integer frame rates (29.97) use the exact frame times 
 from __future__ import annotations
 
 import copy
+import os
 import sys
 import threading
 from collections import OrderedDict
@@ -358,7 +359,7 @@ class MuseTalkEngine(Engine):
             if self._blend_first_row(packet, masks, boxes) >= self.first_face_row:
                 stored = stored_upper_stats(packet, self._upper_stats_key(), self._upper_stats_shape(n))
                 data["upper_stats"] = (torch.from_numpy(np.array(stored)).to(dev) if stored is not None
-                                       else self._upper_stats(latents))
+                                       else self._computed_upper_stats(packet, latents))
             else:
                 self._warm_whole_face_runner()
         return AvatarLayer(self.name, packet, dev, (hr, wr), origins, masks, data)
@@ -375,6 +376,18 @@ class MuseTalkEngine(Engine):
             print(f"musetalk: avatar {packet.id!r} blends face rows from {first}, above row {self.first_face_row}: "
                   "it renders with the whole-face decoder (slower)", file=sys.stderr)
         return first
+
+    def _computed_upper_stats(self, packet: Packet, latents: torch.Tensor) -> torch.Tensor:
+        """The upper-row statistics of a packet that lacks them, kept in it where it is writable so
+        that the next process reads them (a packet prebaked without a lower decoder, e.g. by
+        `newsstudio prebake` on the CPU); a read-only packet just gets them again next time."""
+        stats = self._upper_stats(latents)
+        if os.access(packet.path, os.W_OK):
+            try:
+                store_upper_stats(packet, stats.cpu().numpy(), self._upper_stats_key())
+            except OSError as e:
+                print(f"musetalk: could not store the upper-face statistics in {packet.path} ({e})", file=sys.stderr)
+        return stats
 
     def _warm_whole_face_runner(self) -> None:
         """Compile the whole-face render when the first avatar that needs it is loaded, not mid-stream."""
