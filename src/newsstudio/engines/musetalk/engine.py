@@ -322,8 +322,8 @@ class MuseTalkEngine(Engine):
         """The packet lacks this engine's upper-row statistics and its blend allows the lower decoder."""
         if stored_upper_stats(packet, self._upper_stats_key(), self._upper_stats_shape(packet.n_frames)) is not None:
             return False
-        masks = packet.tensor("musetalk/mask").to(torch.float32)
-        return self._blend_first_row(packet, masks, packet.tensor("musetalk/boxes").to(torch.float32)) >= self.first_face_row
+        # the uint8 masks as stored: only their non-zero rows count (no float copy of every frame's mask)
+        return self._blend_first_row(packet, packet.tensor("musetalk/mask"), packet.tensor("musetalk/boxes")) >= self.first_face_row
 
     # -- avatar -----------------------------------------------------------------------------
     def load_avatar(self, packet: Packet) -> AvatarLayer:
