@@ -205,9 +205,9 @@ def variant_list(spec: str | None) -> list[str] | None:
 
 
 TRITON_FLAGS = {"triton": "half", "triton8": "fp8", "triton8s": "fp8-static", "triton8m": "mixed"}  # variant flag -> triton_convs
-VARIANT_FLAGS = ("nchw", "cl", "nobench", "norw", "gn", "nogn", "tf32", "notf32", "static", *TRITON_FLAGS)
+VARIANT_FLAGS = ("nchw", "cl", "nobench", "norw", "gn", "nogn", "tf32", "notf32", "static", "dynamic", *TRITON_FLAGS)
 VARIANT_SYNTAX = ("ACCEL[:nchw|:cl][:nobench][:norw][:gn|:nogn][:tf32|:notf32][:triton|:triton8|:triton8s|:triton8m]"
-                  "[:rowsR][:static]")
+                  "[:rowsR][:static|:dynamic]")
 
 
 def kernel_choices() -> dict[str, Any]:
@@ -236,7 +236,8 @@ def parse_variant(spec: str) -> dict[str, Any]:
     the network's FP8-safe convs only (':triton8m'; accel/igemm_conv.py), and for MuseTalk the VAE
     decoder for face rows R-255 only (':rows104': ``first_face_row``, engines/musetalk/lower_face_decoder.py;
     ':rows0' the whole face, which with a compile mode on CUDA is no longer the default)
-    and its render compiled per batch bucket at a static shape (':static': ``static_shapes``).
+    and its render compiled per batch bucket at a static shape (':static': ``static_shapes="all"``) or every
+    bucket on one dynamic-batch compilation (':dynamic': "none"; the default compiles the largest bucket static).
     Each configuration gets its own copy of the weights (engines/model_cache.py)."""
     from newsstudio.accel import MODES
 
@@ -260,8 +261,8 @@ def parse_variant(spec: str) -> dict[str, Any]:
         kw["triton_convs"] = triton[-1]
     if rows:
         kw["first_face_row"] = int(rows[-1][4:])
-    if "static" in flags:
-        kw["static_shapes"] = True
+    if "static" in flags or "dynamic" in flags:
+        kw["static_shapes"] = "all" if "static" in flags else "none"
     return kw
 
 

@@ -176,15 +176,16 @@ def test_bucketed_runner_buckets_and_one_compilation():
         BucketedRunner(fn, "fast")
 
 
-def test_bucketed_runner_static_shapes_compile_each_bucket_at_its_size():
-    """``dynamic_batch=False`` (MuseTalk's ``static_shapes``): every bucket its own compilation,
-    each at a concrete batch size, with the same results as the shared dynamic one."""
+def test_bucketed_runner_static_sizes_compile_those_buckets_at_their_size():
+    """``static_sizes`` (MuseTalk's ``static_shapes``): each listed bucket its own compilation at a
+    concrete batch size, the others one shared dynamic-batch compilation; same results either way."""
     lin = nn.Linear(4, 2)
 
     def fn(x):
         return lin(x).relu()
 
-    for dynamic, graphs, symbolic in ((False, 2, False), (True, 1, True)):
+    # static buckets -> (compilations, traced with a symbolic batch, with a concrete one)
+    for static, graphs, symbolic, concrete in (((4, 8), 2, False, True), ((), 1, True, False), ((8,), 2, True, True)):
         torch._dynamo.reset()
         traced: list[list[object]] = []
 
@@ -193,17 +194,37 @@ def test_bucketed_runner_static_shapes_compile_each_bucket_at_its_size():
             return gm.forward
 
         runner = BucketedRunner(fn, "compile", sizes=(4, 8), backend=backend, allow_cpu_compile=True,
-                                dynamic_batch=dynamic)
+                                static_sizes=static)
         for n in (3, 7, 11):
             x = torch.randn(n, 4)
             with torch.no_grad():
                 torch.testing.assert_close(runner(x), lin(x).relu())
         assert sorted(runner.runners) == [4, 8]
         assert len(traced) == graphs
-        has_symbol = any(isinstance(a, torch.SymInt) or (isinstance(a, torch.Tensor) and not all(
-            isinstance(d, int) for d in a.shape)) for args in traced for a in args)
-        assert has_symbol is symbolic
+
+        def is_symbolic(args: list[object]) -> bool:
+            return any(isinstance(a, torch.SymInt) or (isinstance(a, torch.Tensor) and not all(
+                isinstance(d, int) for d in a.shape)) for a in args)
+
+        assert any(is_symbolic(args) for args in traced) is symbolic
+        assert any(not is_symbolic(args) for args in traced) is concrete
     torch._dynamo.reset()
+    with pytest.raises(ValueError, match="not among the buckets"):
+        BucketedRunner(fn, "compile", sizes=(4, 8), static_sizes=(16,))
+
+
+def test_static_buckets_default_to_the_largest_on_cuda_with_a_compile_mode():
+    from newsstudio.accel.static import static_buckets
+
+    buckets = (4, 8, 12, 16, 24, 32)
+    assert static_buckets(None, buckets, "cuda", "compile+cudagraph") == (32,)
+    assert static_buckets("default", buckets, "cuda", "compile") == (32,)
+    assert static_buckets(None, buckets, "cuda", "cudagraph") == ()
+    assert static_buckets(None, buckets, "cpu", "compile+cudagraph") == ()
+    assert static_buckets("all", buckets, "cpu", "eager") == buckets
+    assert static_buckets("none", buckets, "cuda", "compile") == ()
+    with pytest.raises(ValueError, match="static_shapes must be one of"):
+        static_buckets("some", buckets, "cuda", "compile")
 
 
 def test_bucketed_runner_explicit_sizes_pad_less_and_compile_once():

@@ -656,6 +656,8 @@ def test_ws_session_round_trip_nv12(server):
     assert m["active_sessions"] == 0  # freed on close
     batching = m["render_batching"]  # the session rendered through the engine's shared batcher
     assert batching and all(b["requests"] >= b["batches"] >= 1 for b in batching.values())
+    # what the load test's bucket_fill and split_requests read (dropped by the metrics model before)
+    assert all(b["bucket_frames"] >= 0 and b["split_requests"] >= 0 for b in batching.values())
 
 
 def test_ws_session_round_trip_h264(server):

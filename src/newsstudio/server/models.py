@@ -120,6 +120,10 @@ class BatchingInfo(BaseModel):
     wait_s_total: float = Field(description="Seconds requests spent queued before their batch started, summed.")
     max_wait_ms: float = Field(description="Longest such wait.")
     busy_s_total: float = Field(description="Seconds the render thread spent in engine calls (GPU: dispatch time).")
+    bucket_frames: int = Field(0, description="Frames the batches ran as, padded up to the engine's batch buckets "
+                               "(0 where it has none): frames / bucket_frames is how full they were.")
+    split_requests: int = Field(0, description="Requests split across two batches to fill a bucket "
+                                "(serve --fill-render-batches).")
 
 
 class LoopLag(BaseModel):
