@@ -224,7 +224,12 @@ def kernel_choices() -> dict[str, Any]:
             "by_shape": {repr(k): {"winner": w, "ms": t} for k, (w, t) in picked.items()}, "tiles": tuned_tiles()}
 
 
-def parse_variant(spec: str) -> dict[str, Any]:
+# keywords only one engine takes: a variant list shared by the engines (benchmarks.run) configures that one, and
+# the other engine runs the same variant without them
+ENGINE_ONLY_KEYWORDS = {"first_face_row": "musetalk", "static_shapes": "musetalk", "front_end_tf32": "ditto"}
+
+
+def parse_variant(spec: str, engine: str | None = None) -> dict[str, Any]:
     """`VARIANT_SYNTAX` -> engine keywords: the accel
     mode, channels_last (':nchw' off, ':cl' on, else the engine's default), cudnn_benchmark
     (':nobench' off, else the default: on with CUDA), the engine's exact conv_rewrites (':norw' off),
@@ -238,7 +243,8 @@ def parse_variant(spec: str) -> dict[str, Any]:
     ':rows0' the whole face, which with a compile mode on CUDA is no longer the default)
     and its render compiled per batch bucket at a static shape (':static': ``static_shapes="all"``) or every
     bucket on one dynamic-batch compilation (':dynamic': "none"; the default compiles the largest bucket static).
-    Each configuration gets its own copy of the weights (engines/model_cache.py)."""
+    Each configuration gets its own copy of the weights (engines/model_cache.py). With ``engine``, the
+    keywords of the other engine's flags (`ENGINE_ONLY_KEYWORDS`) are left out."""
     from newsstudio.accel import MODES
 
     accel, *flags = spec.split(":")
@@ -263,6 +269,8 @@ def parse_variant(spec: str) -> dict[str, Any]:
         kw["first_face_row"] = int(rows[-1][4:])
     if "static" in flags or "dynamic" in flags:
         kw["static_shapes"] = "all" if "static" in flags else "none"
+    if engine is not None:
+        kw = {k: v for k, v in kw.items() if ENGINE_ONLY_KEYWORDS.get(k, engine) == engine}
     return kw
 
 

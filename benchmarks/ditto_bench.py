@@ -247,7 +247,7 @@ def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, 
 
     if not variants:
         variants = ["compile+cudagraph" if compile else ("cudagraph" if device.type == "cuda" else "eager")]
-    specs = [parse_variant(v) for v in variants]
+    specs = [parse_variant(v, "ditto") for v in variants]
     out["variants_order"] = list(variants)
     t = time.perf_counter()
     engine = DittoEngine(device, weights="random", salt=salt, steps=steps, **specs[0], **opts)

@@ -186,7 +186,7 @@ def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, 
 
     if not variants:
         variants = ["compile+cudagraph" if compile else ("cudagraph" if device.type == "cuda" else "eager")]
-    specs = [parse_variant(v) for v in variants]
+    specs = [parse_variant(v, "musetalk") for v in variants]
     out["variants_order"] = list(variants)
     t = time.perf_counter()
     engine = MuseTalkEngine(device, weights="random", salt=salt, **specs[0], **tiny)

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"machine": machine(), "args": vars(args), "variants": {},
                               "command": "python -m benchmarks.norm_paths " + " ".join(argv or sys.argv[1:])}
     for spec in variant_list(args.variants) or []:
-        kw = parse_variant(spec)
+        kw = parse_variant(spec, "musetalk")
         if args.device == "cpu":  # no compile on the CPU; the layouts are what matters here
             kw.update(accel="eager", channels_last=True, nhwc_norms=True)
         engine = MuseTalkEngine(args.device, weights="random", **kw, **tiny)

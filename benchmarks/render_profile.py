@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"machine": machine(), "args": vars(args), "variants": {},
                               "command": "python -m benchmarks.render_profile " + " ".join(argv or sys.argv[1:])}
     for spec in variant_list(args.variants) or []:
-        engine = MuseTalkEngine(device, weights="random", **parse_variant(spec), **tiny)
+        engine = MuseTalkEngine(device, weights="random", **parse_variant(spec, "musetalk"), **tiny)
         baked = engine.prebake(packet, progress=False)
         layer = engine.load_avatar(baked)
         engine.warm_up()

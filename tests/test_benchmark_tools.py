@@ -276,3 +276,19 @@ def test_group_norm_bench_times_the_spade_norms(tmp_path):
     assert row["inductor_ms"] > 0 and row["nhwc_ms"] > 0 and row["streaming_ms"] > 0 and row["max_abs_diff"] < 1e-4
     assert got["total"]["nhwc_ms"] == row["nhwc_ms"] and got["total"]["streaming_ms"] == row["streaming_ms"]
     assert "| quick | 32 x 16^2 | 1 |" in done.stdout
+
+
+def test_a_shared_variant_configures_only_the_engine_each_flag_belongs_to():
+    """`benchmarks.run --variants compile+cudagraph:static:tf32` reaches both engines: MuseTalk's flags
+    (rows, static shapes) must not reach Ditto, which refuses unknown options, nor Ditto's TF32 MuseTalk."""
+    from benchmarks.common import parse_variant
+
+    spec = "compile+cudagraph:rows104:static:tf32:nogn"
+    assert parse_variant(spec) == {"accel": "compile+cudagraph", "first_face_row": 104, "static_shapes": "all",
+                                   "front_end_tf32": True, "nhwc_norms": False}
+    assert parse_variant(spec, "musetalk") == {"accel": "compile+cudagraph", "first_face_row": 104,
+                                               "static_shapes": "all", "nhwc_norms": False}
+    assert parse_variant(spec, "ditto") == {"accel": "compile+cudagraph", "front_end_tf32": True, "nhwc_norms": False}
+    assert parse_variant("cudagraph:dynamic", "musetalk")["static_shapes"] == "none"
+    with pytest.raises(SystemExit, match="is not"):
+        parse_variant("compile+cudagraph:fast")
