@@ -36,6 +36,56 @@ def test_gpu_busy_share_counts_overlapping_kernels_once_and_idle_gaps_not_at_all
         ("7", 600.0, 2, pytest.approx(0.6)), ("13", 200.0, 1, pytest.approx(0.2))]
 
 
+def test_each_thread_shows_its_share_in_cuda_calls_and_its_longest_call():
+    """Tells a render thread that blocks in a launch or copy from the others (CUPTI sees every thread)."""
+    def ev(name: str, ts: float, dur: float, tid: int) -> dict:
+        return {"ph": "X", "cat": "cuda_runtime", "name": name, "ts": ts, "dur": dur, "tid": tid}
+
+    trace = {"traceEvents": [
+        ev("cudaGraphLaunch", 400_000, 200_000, 11),
+        ev("cudaMemcpyAsync", 500_000, 200_000, 11),  # overlaps the launch on the timeline: counted once
+        ev("cudaLaunchKernel", 0, 50_000, 22),
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 0, "dur": 1_000_000},
+    ]}
+    s = summarize_trace(trace, seconds=1.0, thread_names={11: "render-batcher-musetalk"})
+    render, other = s["threads"]
+    assert render["thread"] == "render-batcher-musetalk" and other["thread"] == "22"
+    assert render["runtime_share"] == pytest.approx(0.3) and render["runtime_calls"] == 2
+    assert render["longest_call"] == {"name": "cudaGraphLaunch", "ms": 200.0}
+    assert other["runtime_share"] == pytest.approx(0.05)
+
+
+def test_stack_samples_show_where_each_thread_spends_its_time():
+    import threading
+    import time
+
+    from benchmarks.gpu_timeline import sample_stacks
+
+    stop = threading.Event()
+
+    def spin_in_here():
+        while not stop.is_set():
+            sum(range(2000))
+
+    def wait_here():
+        stop.wait()
+
+    threads = [threading.Thread(target=spin_in_here, name="busy-worker"), threading.Thread(target=wait_here, name="idle-worker")]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(0.05)
+        s = sample_stacks(0.3, interval_s=0.005)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert s["samples"] >= 10
+    busy, idle = s["threads"]["busy-worker"], s["threads"]["idle-worker"]
+    assert busy["top"][0]["where"].endswith("spin_in_here") and busy["top"][0]["share"] > 0.9
+    assert "threading.py" in idle["top"][0]["where"]  # blocked in Event.wait
+
+
 def test_the_load_test_sweeps_server_settings_on_one_running_server(tmp_path):
     """The tool the stream counts come from: a real server on loopback, a live client per level,
     and each level run under its own combination of the swept settings (recorded in its row)."""

@@ -19,5 +19,10 @@ for r in json.load(open(sys.argv[1])):
           "split", r["split_requests"], "gpu busy", t.get("gpu_busy_share"),
           "streams", [(x["stream"], x["busy_share"]) for x in t.get("streams", [])],
           "runtime", [(x["name"], x["ms"], x["count"], x["max_ms"]) for x in (t.get("runtime") or [])[:5]])
+    for x in (t.get("threads") or [])[:5]:
+        print("   thread", x["thread"], x["runtime_share"], x["runtime_calls"], x["longest_call"])
+    for name, st in ((t.get("stacks") or {}).get("threads") or {}).items():
+        if "batcher" in name or name == "MainThread":
+            print("   stacks", name, st["seen"], [(w["where"], w["share"]) for w in st["top"][:4]])
 PY
 echo "done at $SECONDS s"
