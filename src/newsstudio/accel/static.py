@@ -62,6 +62,15 @@ from .precision import tf32 as tf32_math
 log = logging.getLogger(__name__)
 
 MODES = ("eager", "compile", "cudagraph", "compile+cudagraph")
+COMPILE_MODES = ("compile", "compile+cudagraph")  # the modes that run torch.compile
+
+
+def compiled_on_cuda(device_type: str, mode: str) -> bool:
+    """Whether an engine runs compiled on a GPU: where the defaults measured to pay there apply
+    (MuseTalk's lower-face decoder, its static batch-32 compilation)."""
+    return device_type == "cuda" and mode in COMPILE_MODES
+
+
 _SAID: set[str] = set()
 
 
@@ -436,7 +445,7 @@ def static_buckets(choice: str | None, buckets: Sequence[int], device_type: str,
     if choice not in STATIC_SHAPES:
         raise ValueError(f"static_shapes must be one of {', '.join(STATIC_SHAPES)}, got {choice!r}")
     if choice == "default":
-        choice = "largest" if device_type == "cuda" and mode in ("compile", "compile+cudagraph") else "none"
+        choice = "largest" if compiled_on_cuda(device_type, mode) else "none"
     return {"none": (), "largest": (max(buckets),), "all": tuple(buckets)}[choice]
 
 
@@ -491,7 +500,7 @@ class BucketedRunner:
         return next(b for b in self._sizes if b >= min(n, self.max_bucket))
 
     def _shared_compiled(self, bucket: int) -> Callable[..., Any] | None:
-        if self.mode not in ("compile", "compile+cudagraph") or bucket in self.static_sizes:
+        if self.mode not in COMPILE_MODES or bucket in self.static_sizes:
             return None
         if self._compiled is None:
             if self.backend == "inductor":

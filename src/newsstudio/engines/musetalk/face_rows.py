@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from ...accel.static import compiled_on_cuda
 from ...avatar.packet import Packet
 
 AUTO_FIRST_FACE_ROW = 104  # 8-aligned, above every test avatar's first blended row (110-123)
 UPPER_STATS_ARRAY = "musetalk/upper_stats"
 UPPER_STATS_META = "upper_stats"  # key of the stats' provenance in the packet's MuseTalk meta
-COMPILED_MODES = ("compile", "compile+cudagraph")
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def resolve_face_rows(value: int | str | None, device_type: str, accel: str) -> 
     """`FaceRows` of an engine's ``first_face_row`` option on this device and accel mode."""
     value = parse_first_face_row(value)
     if value is None:
-        value = "auto" if device_type == "cuda" and accel in COMPILED_MODES else 0
+        value = "auto" if compiled_on_cuda(device_type, accel) else 0
     if value == "auto":
         return FaceRows(AUTO_FIRST_FACE_ROW, strict=False)
     return FaceRows(int(value), strict=True)
