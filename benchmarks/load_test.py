@@ -129,14 +129,17 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
     on_clock = args.send_on_clock if cfg is not None and args.send_on_clock else [None]
     spread = args.spread_render_phases if cfg is not None and args.spread_render_phases else [None]
     fill = args.fill_render_batches if cfg is not None and args.fill_render_batches else [None]
+    graphs = args.batch_graphs if cfg is not None and args.batch_graphs else [None]
     compose = args.compose if cfg is not None and args.compose else [None]
     formats = args.formats if len(getattr(args, "formats", [])) > 1 else [None]  # the clients' choice: any server
-    for si, lead, paced, ahead, in_flight, own, rows, mode, fmt, phases, filled in itertools.product(
+    for si, lead, paced, ahead, in_flight, own, rows, mode, fmt, phases, filled, graphed in itertools.product(
             values(args.switch_intervals, float, local=False), values(args.render_leads, float), on_clock,
             values(args.render_aheads, int), values(args.render_in_flight, int), front_end,
-            values(args.live_update_rows, int), compose, formats, spread, fill):
+            values(args.live_update_rows, int), compose, formats, spread, fill, graphs):
         def apply(si=si, lead=lead, paced=paced, ahead=ahead, in_flight=in_flight, own=own, rows=rows,
-                  mode=mode, fmt=fmt, phases=phases, filled=filled) -> None:
+                  mode=mode, fmt=fmt, phases=phases, filled=filled, graphed=graphed) -> None:
+            if graphed is not None:  # the loaded engines' next batches (the engine is loaded before the first level)
+                state.engines.set_batch_graphs(graphed)
             if filled is not None:  # the render batchers' next batches
                 cfg.fill_render_batches = filled
                 state.engines.set_fill_render_batches(filled)
@@ -178,7 +181,8 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
             None if mode is None else f"compose: {mode}",
             None if fmt is None else f"{fmt} chunks",
             None if phases is None else f"render phases {'spread' if phases else 'as started'}",
-            None if filled is None else f"render batches {'filled to their buckets' if filled else 'as queued'}") if part)
+            None if filled is None else f"render batches {'filled to their buckets' if filled else 'as queued'}",
+            None if graphed is None else f"one-avatar batches {'by batch graphs' if graphed else 'by the general path'}") if part)
         out.append((label, apply))
     return out
 
@@ -488,6 +492,9 @@ def main() -> None:
     ap.add_argument("--chunk-frames", type=int, default=2)
     ap.add_argument("--fill-render-batches", default=None,
                     help="ServerConfig.fill_render_batches: on, off, or off,on to sweep (server started here)")
+    ap.add_argument("--batch-graphs", default=None,
+                    help="the loaded engines' one-avatar render batches by their batch graphs "
+                         "(engines/musetalk/batch_graphs.py) or the general path: on, off, or off,on to sweep (server started here)")
     ap.add_argument("--spread-render-phases", default=None,
                     help="ServerConfig.spread_render_phases: on, off, or off,on to sweep (server started here)")
     ap.add_argument("--stagger-s", type=float, default=0.0,
@@ -554,6 +561,7 @@ def main() -> None:
     args.send_on_clock = on_off_list(args.send_on_clock, "--send-on-clock")
     args.spread_render_phases = on_off_list(args.spread_render_phases, "--spread-render-phases")
     args.fill_render_batches = on_off_list(args.fill_render_batches, "--fill-render-batches")
+    args.batch_graphs = on_off_list(args.batch_graphs, "--batch-graphs")
     args.compose = compose_list(args.compose)
     args.formats = format_list(args.format)
     args.format = args.formats[0]
@@ -579,13 +587,14 @@ def main() -> None:
     syncs = watch_syncs() if args.sync_debug and args.url is None else None
     clients = ClientPool(args.client_processes) if args.client_processes > 1 else None
     try:
-        run_levels(args, url, pcm, sr, levels, clients, server_cfg, syncs, cols, t0)
+        run_levels(args, url, pcm, sr, levels, clients, server_cfg, syncs, cols, t0, server_state)
     finally:
         if clients is not None:
             clients.close()
 
 
-def run_levels(args, url: str, pcm, sr, levels: list, clients: ClientPool | None, server_cfg, syncs, cols: list, t0: float) -> None:
+def run_levels(args, url: str, pcm, sr, levels: list, clients: ClientPool | None, server_cfg, syncs, cols: list, t0: float,
+               server_state=None) -> None:
     """The warm-up level, then every measured level; each row printed (and the JSON rewritten) as it lands."""
     rows = []
     if args.warm_up_s > 0 and levels:
@@ -610,6 +619,7 @@ def run_levels(args, url: str, pcm, sr, levels: list, clients: ClientPool | None
                      "compose": getattr(server_cfg, "compose", None), "format": args.format,
                      "spread_render_phases": bool(getattr(server_cfg, "spread_render_phases", False)),
                      "fill_render_batches": bool(getattr(server_cfg, "fill_render_batches", False)),
+                     "batch_graphs": server_state.engines.batch_graphs() if server_state is not None else None,
                      "first_face_row": getattr(server_cfg, "first_face_row", None)})
         r = rows[-1]
         refused = f"{r['refused']} refused (render capacity), " if r["refused"] else ""

@@ -567,3 +567,45 @@ def test_prebake_stores_the_upper_row_statistics_and_loading_uses_them(tiny, vid
         calls.clear()
         torch.testing.assert_close(lower.load_avatar(bad).data["upper_stats"], computed, atol=1e-5, rtol=1e-4)
         assert calls == [1]
+
+
+# ------------------------------------------------------------------------------ one-avatar batches
+
+@pytest.mark.parametrize("lower", [False, True])
+def test_one_avatar_batches_through_the_batch_graph_path_equal_the_general_path(video_packet, tmp_path, lower):
+    """``batch_graphs``: a batch of one avatar is gathered into the face runner's bucket buffers and
+    resized from them (batch_graphs.py; CUDA graphs on a GPU, the same functions eagerly here). Each
+    request gets the faces the general path renders for it, whatever an earlier batch left in the
+    bucket's rows past this one's, and batches it does not cover fall back to the general path."""
+    from newsstudio.engines.musetalk.prebake import first_blended_face_rows
+
+    packet = _copy_packet(video_packet, tmp_path / "v")
+    kw = dict(TINY)
+    if lower:
+        probe = MuseTalkEngine("cpu", weights="random", **TINY).load_avatar(packet)
+        kw["first_face_row"] = int(first_blended_face_rows(probe.masks, probe.packet.tensor("musetalk/boxes").float()).min())
+    eng = MuseTalkEngine("cpu", weights="random", batch_graphs=True, **kw)
+    assert MuseTalkEngine("cpu", weights="random", **TINY).batch_graphs is None  # off by default without CUDA graphs
+    layer = eng.load_avatar(packet)
+    assert ("upper_stats" in layer.data) == lower
+    g = torch.Generator().manual_seed(7)
+    n = layer.n_frames
+
+    def request(frames: int) -> tuple:
+        return layer, torch.randn(frames, 50, 384, generator=g), torch.randint(0, n, (frames,), generator=g)
+
+    for sizes in ([3, 2], [1], [4, 3, 1], [2]):  # buckets 8, 4, 8 (rows left by a larger batch), 4
+        items = [request(k) for k in sizes]
+        before = eng.batch_graphs.batches
+        fast = eng.render_many(items)
+        assert eng.batch_graphs.batches == before + 1
+        eng.batch_graphs.enabled = False
+        general = eng.render_many(items)
+        eng.batch_graphs.enabled = True
+        assert [f.shape for f in fast] == [t.shape for t in general] == [(k, *layer.roi_hw, 3) for k in sizes]
+        for f, t in zip(fast, general):  # the same networks on other batch sizes: CPU rounding, one 8-bit face level
+            diff = (f - t).abs()
+            assert float(diff.max()) <= 1.0 + 1e-3 and float(diff.mean()) < 0.01
+    big = [request(20), request(20)]  # past the largest bucket: the general path
+    before = eng.batch_graphs.batches
+    assert [f.shape[0] for f in eng.render_many(big)] == [20, 20] and eng.batch_graphs.batches == before

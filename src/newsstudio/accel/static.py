@@ -353,16 +353,7 @@ class StaticBatchRunner:
             return self._call(inputs, n)
 
     def _call(self, inputs: Sequence[torch.Tensor], n: int) -> Any:
-        staged = self._stage(inputs)
-        if self.mode == "eager":
-            out = self.fn(*staged)
-        elif self.mode == "compile":
-            out = self.compiled_fn(*staged)  # type: ignore[misc]
-        elif self._graph is not None:
-            self._graph.replay()
-            out = self._static_out
-        else:  # compile+cudagraph through torch.compile's own graphs
-            out = self._call_inductor_graphs()
+        out = self._run_fn(self._stage(inputs))
         b = self.batch_size
         copy = self.copy_outputs and self.uses_graph
 
@@ -372,6 +363,47 @@ class StaticBatchRunner:
             return t.clone() if copy else t
 
         return _tree_map(cut, out)
+
+    def _run_fn(self, staged: Sequence[torch.Tensor]) -> Any:
+        if self.mode == "eager":
+            return self.fn(*staged)
+        if self.mode == "compile":
+            return self.compiled_fn(*staged)  # type: ignore[misc]
+        if self._graph is not None:
+            self._graph.replay()
+            return self._static_out
+        return self._call_inductor_graphs()  # compile+cudagraph through torch.compile's own graphs
+
+    # -- callers that fill the static inputs themselves ----------------------------------------
+
+    @property
+    def prepared(self) -> bool:
+        return self._prepared
+
+    @property
+    def graph_outputs(self) -> Any:
+        """The manually captured graph's static outputs (what each replay rewrites), or None where
+        this runner does not replay a graph of its own."""
+        return self._static_out if self._graph is not None else None
+
+    @contextlib.contextmanager
+    def holding(self) -> Any:
+        """This runner's call lock and its family's GPU order (as a call has them), for a caller that
+        writes its batch straight into `static_inputs` and then calls `run_static` (a live render
+        batch gathered by graphs of its own: engines/musetalk/batch_graphs.py)."""
+        with self._call_lock:
+            self._prepare_once()
+            if self.device.type != "cuda":
+                yield
+                return
+            with self.family.replay_on(torch.cuda.current_stream(self.device)):
+                yield
+
+    def run_static(self) -> Any:
+        """`fn` on `static_inputs` as they are, under `holding`: every row of the bucket, outputs
+        uncopied (in graph modes the static outputs, which the next call overwrites)."""
+        with torch.no_grad():
+            return self._run_fn(self.static_inputs)
 
     def _check(self, inputs: Sequence[torch.Tensor]) -> int:
         if len(inputs) != len(self.static_inputs):

@@ -43,6 +43,7 @@ class EnginePool:
         if self.default not in ENGINES:
             raise ValueError(f"unknown engine {default!r}; choose one of {', '.join(ENGINES)} or 'auto'")
         self._engines: dict[str, Engine] = {}
+        self._batch_graphs_on: bool | None = None  # set_batch_graphs (benchmarks); None: each engine's default
         self._errors: dict[str, str] = {}
         self._locks = {name: threading.Lock() for name in ENGINES}
 
@@ -76,6 +77,8 @@ class EnginePool:
             except Exception as e:  # noqa: BLE001 - any load failure is reported, the server keeps serving
                 self._errors[name] = f"engine {name!r} is not available on this server: {type(e).__name__}: {e}"
                 raise EngineUnavailable(self._errors[name]) from e
+            if self._batch_graphs_on is not None and getattr(eng, "batch_graphs", None) is not None:
+                eng.batch_graphs.enabled = self._batch_graphs_on  # a benchmark's setting made before this engine loaded
             self._engines[name] = eng
             return name, eng
 
@@ -117,6 +120,20 @@ class EnginePool:
         for b in list(self._batchers.values()):
             if isinstance(b, RenderBatcher):
                 b.fill_buckets = self.fill_render_batches
+
+    def set_batch_graphs(self, on: bool) -> None:
+        """Whether the loaded engines' one-avatar render batches take their graph path
+        (engines/musetalk/batch_graphs.py) or the general one, from their next batch (benchmarks
+        compare the two on one server); engines without that path are left as they are."""
+        self._batch_graphs_on = bool(on)
+        for eng in list(self._engines.values()):
+            if getattr(eng, "batch_graphs", None) is not None:
+                eng.batch_graphs.enabled = self._batch_graphs_on
+
+    def batch_graphs(self) -> bool | None:
+        """Whether a loaded engine's batches take the graph path (None: no loaded engine has one)."""
+        states = [eng.batch_graphs.enabled for eng in list(self._engines.values()) if getattr(eng, "batch_graphs", None) is not None]
+        return any(states) if states else None
 
     def set_compose(self, mode: str) -> None:
         """`ServerConfig.compose` for the render batchers made from now on and those running (their
