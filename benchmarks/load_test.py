@@ -43,6 +43,8 @@ import numpy as np
 
 from newsstudio.render_budget import FULL as REFUSED
 
+from .gil_probe import GilProbe
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -364,6 +366,9 @@ async def run_level(url: str, n: int, args, pcm, sr, clients: ClientPool | None 
         peak_rss, peak_gpu, fps_seen, lag_p95, lag_max = before["rss_bytes"] or 0, 0, [], [], 0.0
         live: list[dict] = []  # the sessions' own figures, last sample of the level
         t_end = time.monotonic() + args.duration
+        probe = GilProbe() if args.url is None else None  # the server runs in this process: its GIL's queue
+        if probe is not None:
+            probe.__enter__()
         timeline = None
         if args.profile_s and args.url is None:  # the server runs in this process: profile its GPU and threads
             from .gpu_timeline import profile_window
@@ -383,6 +388,8 @@ async def run_level(url: str, n: int, args, pcm, sr, clients: ClientPool | None 
             lag_p95.append(lag.get("p95_ms", 0.0))
             lag_max = max(lag_max, lag.get("max_ms", 0.0))
             live = m.get("sessions") or live
+        if probe is not None:
+            probe.__exit__(None, None, None)
         stop.set()
         results = await asyncio.gather(*tasks)
         profile = await timeline if timeline is not None else None
@@ -465,6 +472,7 @@ async def run_level(url: str, n: int, args, pcm, sr, clients: ClientPool | None 
         "rss_before_mb": (before["rss_bytes"] or 0) / 1e6, "rss_peak_mb": peak_rss / 1e6, "rss_after_mb": (after["rss_bytes"] or 0) / 1e6,
         "gpu_before_mb": gpu(before) / 1e6, "gpu_peak_mb": peak_gpu / 1e6, "gpu_after_mb": gpu(after) / 1e6,
         "active_after": after["active_sessions"],
+        **(probe.summary() if probe is not None else {}),
         **({"gpu_timeline": profile} if profile else {}),
     }
 
@@ -576,7 +584,7 @@ def main() -> None:
     print(f"server {url} ready after {time.monotonic() - t0:.0f} s: device {health['device']}, default engine "
           f"{health['default_engine']}; {args.format} chunks of {args.chunk_frames} frames, {args.duration:.0f} s per level", file=sys.stderr)
     cols = [("sessions", "d"), ("switch_interval_ms", "g"), ("render_lead_ms", "g"), ("send_on_clock", "d"), ("render_ahead", "d"), ("prebuffer_ms", "g"), ("render_in_flight", "d"), ("front_end_streams", "d"), ("sustained", "d"), ("refused", "d"), ("errors", "d"), ("fps_min", ".1f"), ("fps_median", ".1f"), ("jitter_p95_ms", ".1f"), ("late_p50_ms", ".1f"),
-            ("late_p95_ms", ".1f"), ("late_max_ms", ".1f"), ("server_fps", ".1f"), ("loop_lag_p95_ms", ".1f"), ("loop_lag_max_ms", ".0f"), ("speaking_share", ".2f"), ("rss_before_mb", ".0f"),
+            ("late_p95_ms", ".1f"), ("late_max_ms", ".1f"), ("server_fps", ".1f"), ("loop_lag_p95_ms", ".1f"), ("loop_lag_max_ms", ".0f"), ("gil_wait_p50_ms", ".2f"), ("gil_wait_p95_ms", ".2f"), ("speaking_share", ".2f"), ("rss_before_mb", ".0f"),
             ("rss_peak_mb", ".0f"), ("rss_after_mb", ".0f"), ("gpu_before_mb", ".0f"), ("gpu_peak_mb", ".0f"), ("gpu_after_mb", ".0f"),
             ("batch_frames_mean", ".1f"), ("requests_per_batch", ".2f"), ("request_frames_mean", ".1f"), ("bucket_fill", ".2f"), ("split_requests", "d"), ("render_wait_ms_mean", ".1f"), ("render_busy_share", ".2f"), ("audio_busy_share", ".2f"),
             ("audio_rows_per_call", ".1f"), ("motion_busy_share", ".2f"),
@@ -625,7 +633,7 @@ def run_levels(args, url: str, pcm, sr, levels: list, clients: ClientPool | None
         refused = f"{r['refused']} refused (render capacity), " if r["refused"] else ""
         print(f"[{time.monotonic() - t0:.0f} s] {n} sessions: {r['sustained']} sustained, {refused}{r['errors']} errors {r['error_samples'] or ''}",
               file=sys.stderr)
-        print(" | ".join(f"{r[name]:>{len(name)}{fmt}}" for name, fmt in cols), flush=True)
+        print(" | ".join(f"{r.get(name, 0.0):>{len(name)}{fmt}}" for name, fmt in cols), flush=True)  # gil_*: a server here only
         if syncs is not None:
             for name, text, count in sorted(syncs.values(), key=lambda v: -v[2]):
                 print(f"sync x{count} [{name}]\n{text}", file=sys.stderr)
