@@ -54,7 +54,10 @@ def check_equal(engine, layer, shapes: list[list[int]]) -> list[dict]:
     for i, frames in enumerate(shapes):
         items = _batches(layer, frames, 1, 100 + i)[0]
         engine.batch_graphs.enabled = True
+        before = engine.batch_graphs.batches
         fast = engine.render_many(items)
+        if engine.batch_graphs.batches != before + 1:
+            raise SystemExit(f"frames {frames}: the batch did not take the batch-graph path")
         engine.batch_graphs.enabled = False
         general = engine.render_many(items)
         engine.batch_graphs.enabled = True

@@ -107,6 +107,9 @@ def test_the_load_test_sweeps_server_settings_on_one_running_server(tmp_path):
         assert r["speaking_share"] > 0.5, r  # the clients' speech reached the sessions
         assert r["active_after"] == 0  # every session closed before the next level
         assert len(r["server_fps_timeline"]) >= 1 and max(r["server_fps_timeline"]) > 0
+        # the GIL probe woke every ~2 ms of the level in the server's process; the classic engine has no batch graphs
+        assert r["gil_wakes"] > 200 and 0 <= r["gil_wait_p50_ms"] <= r["gil_wait_p95_ms"] <= r["gil_wait_max_ms"], r
+        assert r["batch_graphs"] is None
     # a session counts as sustained only if it spoke: asking for more speech than any session can have
     # (a stand-in for a broken speech path, where idle frames stream on time) leaves none sustained;
     # a warm-up level runs first and is not recorded

@@ -585,7 +585,8 @@ def test_one_avatar_batches_through_the_batch_graph_path_equal_the_general_path(
         probe = MuseTalkEngine("cpu", weights="random", **TINY).load_avatar(packet)
         kw["first_face_row"] = int(first_blended_face_rows(probe.masks, probe.packet.tensor("musetalk/boxes").float()).min())
     eng = MuseTalkEngine("cpu", weights="random", batch_graphs=True, **kw)
-    assert MuseTalkEngine("cpu", weights="random", **TINY).batch_graphs is None  # off by default without CUDA graphs
+    assert MuseTalkEngine("cpu", weights="random", **TINY).batch_graphs is None  # not built without CUDA graphs
+    assert eng.batch_graphs.enabled
     layer = eng.load_avatar(packet)
     assert ("upper_stats" in layer.data) == lower
     g = torch.Generator().manual_seed(7)

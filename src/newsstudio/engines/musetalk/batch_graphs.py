@@ -19,9 +19,16 @@ their replays, so they may share intermediates).
 Rows past the batch's own keep what an earlier batch left there: frame indices of this avatar
 (each avatar has its own index buffer, so they are valid), prompts of earlier requests. The
 networks treat every row on its own (no batch statistics), so the real rows are those the general
-path renders (`render_many` with ``batch_graphs=False``; tests check both agree). Off CUDA the same
-functions run eagerly (the tests' path); it is on by default only where the face runner replays
-CUDA graphs.
+path renders (`render_many` with ``enabled`` off): the same bytes on an H100 for six batch shapes
+(benchmarks/batch_dispatch.py), within CPU rounding in the tests. Off CUDA the same functions run
+eagerly (the tests' path).
+
+Measured (H100, thirty-first session, benchmarks/RESULTS.md): dispatching a batch of 2 x 14 frames
+beside 16 threads that keep calling torch took 3.4-3.5 ms instead of 10.7-20.3 ms; in one live level
+of 16 MuseTalk sessions the render thread's busy share fell to 0.37 from 0.84-0.89, but its batches
+came out smaller (19 frames instead of 27: it no longer waits long enough for requests to pile up),
+and the level did not carry 16 sessions. Off by default (`MuseTalkEngine`'s ``batch_graphs``) until
+the live pairing with one batch in flight (``render_in_flight=1``) is measured.
 """
 from __future__ import annotations
 
@@ -79,10 +86,10 @@ class _Plan:
 class BatchGraphs:
     """The one-avatar fast path of `MuseTalkEngine.render_many` (see the module doc)."""
 
-    def __init__(self, device: torch.device, use_graphs: bool) -> None:
+    def __init__(self, device: torch.device, use_graphs: bool, enabled: bool = True) -> None:
         self.device = device
         self.use_graphs = bool(use_graphs) and device.type == "cuda"
-        self.enabled = True  # switched off to compare with the general path (benchmarks)
+        self.enabled = bool(enabled)  # switched by benchmarks to compare with the general path
         self.batches = 0  # batches rendered this way (counters for benchmarks and tests)
         self._plans: dict[tuple[int, int, int], _Plan] = {}  # (id(layer), id(runner), bucket)
         self._faces: dict[int, torch.Tensor] = {}  # id(layer) -> (largest bucket, 3, Hr, Wr) float32
@@ -97,12 +104,13 @@ class BatchGraphs:
         after the prompts (``("latents", "upper_stats")`` or ``("latents",)``)."""
         sizes = [int(i.shape[0]) for i in idxs]
         n = sum(sizes)
-        if not self.enabled or n < 1 or n > runner.max_bucket or any(i.device != self.device for i in idxs):
+        dev_type = self.device.type  # by type: an engine on "cuda" holds tensors on "cuda:0", which != "cuda"
+        if not self.enabled or n < 1 or n > runner.max_bucket or any(i.device.type != dev_type for i in idxs):
             return None
         plan = self._plan(runner, layer, keys, drivings[0], n)
         r = plan.runner
         prompts = r.static_inputs[1]
-        drivings = [d if d.dtype == dtype and d.device == self.device else d.to(self.device, dtype) for d in drivings]
+        drivings = [d if d.dtype == dtype and d.device.type == dev_type else d.to(self.device, dtype) for d in drivings]
         index_rows = plan.index_rows.get(n)
         if index_rows is None:
             index_rows = plan.index_rows[n] = plan.index[:n]
