@@ -21,15 +21,22 @@ from .thread_cpu import process_cpu_s
 SERVER = """
 import sys, uvicorn
 from fastapi import FastAPI, WebSocket
+from newsstudio.server.ws_direct import DirectBinarySender
 app = FastAPI()
 payload = bytearray(int(sys.argv[3]))
+direct = sys.argv[2] == "direct"
 @app.websocket("/ws")
 async def ws(w: WebSocket):
     await w.accept()
+    sender = DirectBinarySender(w)
+    if direct and not sender.direct:
+        raise SystemExit("the direct sender does not apply to this connection")
     for _ in range(int(await w.receive_text())):
-        await w.send_bytes(payload)
+        if not (direct and await sender.send(payload)):
+            await w.send_bytes(payload)
     await w.close()
-uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), ws=sys.argv[2], ws_per_message_deflate=False, log_level="warning")
+impl = "websockets-sansio" if direct else sys.argv[2]
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), ws=impl, ws_per_message_deflate=False, log_level="warning")
 """
 
 
@@ -72,7 +79,9 @@ def measure(impl: str, messages: int, size: int) -> tuple[float, float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--impls", default="websockets-sansio,websockets", help="uvicorn ws implementations")
+    ap.add_argument("--impls", default="websockets-sansio,websockets,direct",
+                    help="uvicorn ws implementations, and direct: websockets-sansio with the server's own frame writes "
+                         "(newsstudio/server/ws_direct.py)")
     ap.add_argument("--messages", type=int, default=300)
     ap.add_argument("--size", type=int, default=3_499_200, help="bytes per message (two 1080x1080 NV12 frames)")
     ap.add_argument("--repeat", type=int, default=2)

@@ -52,6 +52,7 @@ from ..media.audio import check_finite
 from .speech_intake import SpeechIntake
 from .state import ServerState
 from .video import H264Encoder
+from .ws_direct import DirectBinarySender
 
 log = logging.getLogger("newsstudio.server")
 
@@ -471,11 +472,12 @@ class WsSession:
     async def _send(self) -> None:
         q = self.queue
         assert q is not None
+        direct = DirectBinarySender(self.ws)  # chunks as written, not copied under the GIL (ws_direct.py)
         while True:
             text, payload = await q.get()
             if text:
                 await self.ws.send_text(bytes(payload).decode())
-            else:
+            elif not await direct.send(payload):
                 await self.ws.send_bytes(payload)
 
 

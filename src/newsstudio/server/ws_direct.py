@@ -1,0 +1,89 @@
+"""Binary WebSocket messages written to the connection's transport as they are: no copy under the GIL.
+
+Why: a live server sending raw NV12 chunks (7 MB for four 1080x1080 frames; ~0.8 GB/s for 16
+sessions at 30 fps) spent ~0.6 s of event-loop CPU per GB through `WebSocket.send_bytes`
+(benchmarks/ws_send_cost.py): the websockets protocol serialises each frame into a new buffer,
+header and payload copied together, all with the GIL held, which every other server thread waits
+for (at 16 MuseTalk sessions on an H100 each thread waited ~1.1 ms median for the GIL after each
+torch call: benchmarks/RESULTS.md, thirty-first session). Writing the frame's few header bytes and
+then a view of the payload to the transport leaves the one copy the kernel makes.
+
+Only where it is safe: uvicorn's websockets-sansio protocol (what ``newsstudio serve`` runs), the
+connection open, no extension negotiated (``serve`` turns per-message deflate off: a compressed
+connection needs the protocol's own framing) and no fragmented message under way. Anything else,
+and every failure case (a closing or closed connection), goes through ``send_bytes``, which raises
+what it always raised. The flow control is uvicorn's: wait while its transport is paused.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+OP_BINARY_FIN = 0x82  # FIN + binary opcode; a server's frames are not masked (RFC 6455 5.1)
+
+
+def frame_header(size: int) -> bytes:
+    """The header of one unmasked, final binary frame of ``size`` payload bytes (RFC 6455 5.2)."""
+    if size < 0:
+        raise ValueError(f"payload size must be >= 0, got {size}")
+    if size < 126:
+        return bytes((OP_BINARY_FIN, size))
+    if size < 1 << 16:
+        return bytes((OP_BINARY_FIN, 126)) + size.to_bytes(2, "big")
+    return bytes((OP_BINARY_FIN, 127)) + size.to_bytes(8, "big")
+
+
+def _sansio_protocol(ws: Any) -> Any | None:
+    """uvicorn's websockets-sansio protocol behind a Starlette WebSocket, or None (another server or
+    implementation). Starlette wraps the server's ``send`` in closures of its exception handling
+    (which act on HTTP responses only); the protocol is the ``__self__`` of the bound method inside."""
+    try:
+        from websockets.protocol import Protocol
+    except ImportError:
+        return None
+    needed = ("transport", "writable", "disconnected", "close_sent")
+    todo, seen = [getattr(ws, "_send", None)], 0
+    while todo and seen < 8:
+        fn = todo.pop()
+        seen += 1
+        proto = getattr(fn, "__self__", None)
+        if isinstance(getattr(proto, "conn", None), Protocol) and all(hasattr(proto, a) for a in needed):
+            return proto
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                inner = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if callable(inner):
+                todo.append(inner)
+    return None
+
+
+class DirectBinarySender:
+    """``await sender.send(payload)``: True when the payload went out as one binary frame written
+    straight to the transport, False when the caller must send it with ``send_bytes`` (see the
+    module doc). ``direct`` says whether the connection allows the direct path at all."""
+
+    def __init__(self, ws: Any) -> None:
+        self._proto = _sansio_protocol(ws)
+        self.sent = 0  # messages written directly (tests, metrics)
+
+    @property
+    def direct(self) -> bool:
+        return self._proto is not None
+
+    async def send(self, payload: bytes | bytearray | memoryview) -> bool:
+        p = self._proto
+        if p is None:
+            return False
+        await p.writable.wait()  # uvicorn's flow control: paused while the socket's buffer is full
+        from websockets.protocol import State
+
+        conn = p.conn
+        if (p.disconnected or p.close_sent or p.transport.is_closing() or conn.state is not State.OPEN
+                or conn.expect_continuation_frame or getattr(conn, "extensions", None)):
+            return False
+        view = memoryview(payload).cast("B")
+        p.transport.write(frame_header(view.nbytes))  # the two writes run back to back on the event loop: one frame
+        p.transport.write(view)
+        self.sent += 1
+        return True

@@ -1,0 +1,69 @@
+"""Chunks written straight to the WebSocket transport (server/ws_direct.py): a real uvicorn server on
+loopback and a real websockets client must see exactly the messages `send_bytes` would have sent."""
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+from fastapi import FastAPI, WebSocket
+from fastapi.testclient import TestClient
+from websockets.frames import Frame, Opcode
+
+from newsstudio.server.ws_direct import DirectBinarySender, frame_header
+from tests.test_server import ServerThread
+
+SIZES = [0, 1, 125, 126, 65535, 65536, 3 * 1080 * 1080 // 2]  # each length encoding of RFC 6455, and an NV12 frame
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_the_header_is_the_one_websockets_writes(size):
+    payload = os.urandom(size)
+    assert frame_header(size) + payload == Frame(Opcode.BINARY, payload).serialize(mask=False)
+
+
+def _app(report: dict) -> FastAPI:
+    app = FastAPI()
+
+    @app.websocket("/ws")
+    async def ws(w: WebSocket) -> None:
+        await w.accept()
+        sender = DirectBinarySender(w)
+        report["direct"] = sender.direct
+        for size in SIZES:
+            payload = bytearray(os.urandom(size))
+            report.setdefault("sent", []).append(bytes(payload))
+            if not await sender.send(payload):
+                await w.send_bytes(payload)
+        await w.send_text("done")  # text frames still go through the protocol, in order after the direct ones
+        report["direct_sent"] = sender.sent
+        await w.close()
+
+    return app
+
+
+def test_a_uvicorn_server_sends_binary_messages_directly_and_the_client_reads_them_unchanged():
+    from websockets.asyncio.client import connect
+
+    report: dict = {}
+    with ServerThread(_app(report)) as server:
+        async def read() -> list:
+            got = []
+            async with connect(server.ws_url + "/ws", max_size=None) as c:
+                async for msg in c:
+                    got.append(msg)
+            return got
+
+        got = asyncio.run(read())
+    assert report["direct"] and report["direct_sent"] == len(SIZES)  # the direct path, every time
+    assert got[:-1] == report["sent"] and got[-1] == "done"
+
+
+def test_other_servers_take_the_ordinary_path():
+    """Starlette's test client is no uvicorn protocol: the sender declines and `send_bytes` sends."""
+    report: dict = {}
+    with TestClient(_app(report)).websocket_connect("/ws") as c:
+        got = [c.receive_bytes() for _ in SIZES]
+        assert c.receive_text() == "done"
+    assert report["direct"] is False and report["direct_sent"] == 0
+    assert got == report["sent"]
