@@ -10,7 +10,9 @@ on, then off), first checking that each request gets the same bytes both ways, t
 * ``period``: batch after batch with a synchronise each (what one thread can feed the GPU);
 
 alone and with ``--busy-threads`` threads each looping over a few small GPU ops (a stand-in for the
-sessions' splice, copy and feature calls). Prints one row per (path, threads).
+sessions' splice, copy and feature calls). The same for a live session's compose (splice + copy to
+the host) through its graphs (compose/session_graphs.py) or directly: bytes, then launch time per
+request. Prints one row per (path, threads).
 
     python -m benchmarks.batch_dispatch --accel cudagraph --busy-threads 0,16
 """
@@ -67,6 +69,62 @@ def check_equal(engine, layer, shapes: list[list[int]]) -> list[dict]:
     return rows
 
 
+def check_compose(session, engine, layer, sizes: list[int]) -> list[dict]:
+    """For each request size: does a session's compose through its graphs (compose/session_graphs.py)
+    give the bytes of its direct compose? Each check fails unless the request took the graph path."""
+    from newsstudio.compose.session_graphs import ComposeGraphs
+
+    graphs = ComposeGraphs(session._compose, engine.device)
+    rows = []
+    for i, n in enumerate(sizes):
+        (layer_, driving, idx), = _batches(layer, [n], 1, 300 + i)[0]
+        rois = engine.render(layer_, driving, idx)
+        before = graphs.replays
+        got = graphs.to_host(rois, idx, "nv12")
+        if got is None or graphs.replays != before + 1:
+            raise SystemExit(f"compose of {n} frames did not take the graph path")
+        want = session._compose_to_host(idx, "nv12", rois)
+        for _, done in (got, want):
+            if done is not None:
+                done.synchronize()
+        rows.append({"frames": n, "equal": torch.equal(got[0], want[0]),
+                     "max_abs_diff": int((got[0].int() - want[0].int()).abs().max())})
+    return rows
+
+
+def time_compose(session, engine, layer, n: int, requests: int, threads: int) -> list[dict]:
+    """Per request: time to launch a session's compose and copy-out, through its graphs or directly."""
+    from newsstudio.compose.session_graphs import ComposeGraphs
+
+    dev = engine.device
+    graphs = ComposeGraphs(session._compose, dev)
+    work = [(engine.render(lay, d, i), i) for lay, d, i in (b[0] for b in _batches(layer, [n], requests, 11))]
+    stop = threading.Event()
+    pool = [threading.Thread(target=_busy, args=(stop, dev), daemon=True) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    rows = []
+    try:
+        for graphed in (True, False, True, False):
+            launch = []
+            for rois, idx in work:
+                torch.cuda.synchronize(dev)
+                t0 = time.perf_counter()
+                if graphed:
+                    graphs.to_host(rois, idx, "nv12")
+                else:
+                    session._compose_to_host(idx, "nv12", rois)
+                launch.append(time.perf_counter() - t0)
+            rows.append({"compose": "graphs" if graphed else "direct", "busy_threads": threads, "frames": n,
+                         "launch_ms": round(statistics.median(launch) * 1e3, 2),
+                         "launch_p90_ms": round(sorted(launch)[int(0.9 * len(launch))] * 1e3, 2)})
+    finally:
+        stop.set()
+        for t in pool:
+            t.join()
+    return rows
+
+
 def time_paths(engine, layer, frames: list[int], batches: int, threads: int) -> list[dict]:
     dev = engine.device
     work = _batches(layer, frames, batches, 7)
@@ -118,6 +176,10 @@ def main() -> None:
     t0 = time.perf_counter()
     engine.warm_up()
     print(f"engine warmed up in {time.perf_counter() - t0:.0f} s ({args.accel}, first face row {engine.first_face_row})", flush=True)
+    from fractions import Fraction
+
+    from newsstudio.stream import StreamSession, background_for
+
     with tempfile.TemporaryDirectory() as d:
         from PIL import Image
         from skimage import data
@@ -126,18 +188,28 @@ def main() -> None:
         Image.fromarray(data.astronaut()).save(src)
         packet = avatar(src, "dispatch", (args.size, args.size), Path(d) / "avatars")
         layer = engine.load_avatar(engine.prebake(packet, progress=False))
+        session = StreamSession(engine, layer, background_for(engine, layer.packet), Fraction(30))
     equal = check_equal(engine, layer, [[3, 2], [14, 14], [31], [4], [8, 8, 8, 8], [2]])
     for r in equal:
         print(f"frames {r['frames']}: {'same bytes' if r['equal'] else 'DIFFERENT'} (max |diff| {r['max_abs_diff']})", flush=True)
+    composed = check_compose(session, engine, layer, [16, 16, 8, 16])
+    for r in composed:
+        print(f"compose of {r['frames']} frames through graphs: {'same bytes' if r['equal'] else 'DIFFERENT'} "
+              f"(max |diff| {r['max_abs_diff']})", flush=True)
     frames = [int(x) for x in args.frames.split(",")]
-    rows = []
+    rows, compose_rows = [], []
     for threads in (int(x) for x in args.busy_threads.split(",")):
         rows += time_paths(engine, layer, frames, args.batches, threads)
         for r in rows[-4:]:
             print(f"{r['path']:>12} | {r['busy_threads']:>2} busy threads | dispatch {r['dispatch_ms']:7.2f} ms "
                   f"(p90 {r['dispatch_p90_ms']:7.2f}) | period {r['period_ms']:7.2f} ms", flush=True)
+        compose_rows += time_compose(session, engine, layer, 16, args.batches, threads)
+        for r in compose_rows[-4:]:
+            print(f"compose {r['compose']:>6} | {r['busy_threads']:>2} busy threads | launch {r['launch_ms']:7.2f} ms "
+                  f"(p90 {r['launch_p90_ms']:7.2f})", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"accel": args.accel, "equal": equal, "timing": rows}, indent=1))
+        Path(args.json).write_text(json.dumps({"accel": args.accel, "equal": equal, "compose_equal": composed,
+                                               "timing": rows, "compose_timing": compose_rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -132,14 +132,17 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
     spread = args.spread_render_phases if cfg is not None and args.spread_render_phases else [None]
     fill = args.fill_render_batches if cfg is not None and args.fill_render_batches else [None]
     graphs = args.batch_graphs if cfg is not None and args.batch_graphs else [None]
+    composed = args.compose_graphs if cfg is not None and args.compose_graphs else [None]
     compose = args.compose if cfg is not None and args.compose else [None]
     formats = args.formats if len(getattr(args, "formats", [])) > 1 else [None]  # the clients' choice: any server
-    for si, lead, paced, ahead, in_flight, own, rows, mode, fmt, phases, filled, graphed in itertools.product(
+    for si, lead, paced, ahead, in_flight, own, rows, mode, fmt, phases, filled, graphed, cgraphed in itertools.product(
             values(args.switch_intervals, float, local=False), values(args.render_leads, float), on_clock,
             values(args.render_aheads, int), values(args.render_in_flight, int), front_end,
-            values(args.live_update_rows, int), compose, formats, spread, fill, graphs):
+            values(args.live_update_rows, int), compose, formats, spread, fill, graphs, composed):
         def apply(si=si, lead=lead, paced=paced, ahead=ahead, in_flight=in_flight, own=own, rows=rows,
-                  mode=mode, fmt=fmt, phases=phases, filled=filled, graphed=graphed) -> None:
+                  mode=mode, fmt=fmt, phases=phases, filled=filled, graphed=graphed, cgraphed=cgraphed) -> None:
+            if cgraphed is not None:  # the sessions' next requests
+                state.engines.set_compose_graphs(cgraphed)
             if graphed is not None:  # the loaded engines' next batches (the engine is loaded before the first level)
                 state.engines.set_batch_graphs(graphed)
             if filled is not None:  # the render batchers' next batches
@@ -184,7 +187,8 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
             None if fmt is None else f"{fmt} chunks",
             None if phases is None else f"render phases {'spread' if phases else 'as started'}",
             None if filled is None else f"render batches {'filled to their buckets' if filled else 'as queued'}",
-            None if graphed is None else f"one-avatar batches {'by batch graphs' if graphed else 'by the general path'}") if part)
+            None if graphed is None else f"one-avatar batches {'by batch graphs' if graphed else 'by the general path'}",
+            None if cgraphed is None else f"sessions compose {'through their graphs' if cgraphed else 'directly'}") if part)
         out.append((label, apply))
     return out
 
@@ -503,6 +507,9 @@ def main() -> None:
     ap.add_argument("--batch-graphs", default=None,
                     help="the loaded engines' one-avatar render batches by their batch graphs "
                          "(engines/musetalk/batch_graphs.py) or the general path: on, off, or off,on to sweep (server started here)")
+    ap.add_argument("--compose-graphs", default=None,
+                    help="live sessions compose (splice + copy-out) through CUDA graphs of their own "
+                         "(compose/session_graphs.py) or directly: on, off, or off,on to sweep (server started here)")
     ap.add_argument("--spread-render-phases", default=None,
                     help="ServerConfig.spread_render_phases: on, off, or off,on to sweep (server started here)")
     ap.add_argument("--stagger-s", type=float, default=0.0,
@@ -570,6 +577,7 @@ def main() -> None:
     args.spread_render_phases = on_off_list(args.spread_render_phases, "--spread-render-phases")
     args.fill_render_batches = on_off_list(args.fill_render_batches, "--fill-render-batches")
     args.batch_graphs = on_off_list(args.batch_graphs, "--batch-graphs")
+    args.compose_graphs = on_off_list(args.compose_graphs, "--compose-graphs")
     args.compose = compose_list(args.compose)
     args.formats = format_list(args.format)
     args.format = args.formats[0]
@@ -628,6 +636,7 @@ def run_levels(args, url: str, pcm, sr, levels: list, clients: ClientPool | None
                      "spread_render_phases": bool(getattr(server_cfg, "spread_render_phases", False)),
                      "fill_render_batches": bool(getattr(server_cfg, "fill_render_batches", False)),
                      "batch_graphs": server_state.engines.batch_graphs() if server_state is not None else None,
+                     "compose_graphs": server_state.engines.compose_graphs() if server_state is not None else None,
                      "first_face_row": getattr(server_cfg, "first_face_row", None)})
         r = rows[-1]
         refused = f"{r['refused']} refused (render capacity), " if r["refused"] else ""

@@ -97,7 +97,7 @@ def test_the_load_test_sweeps_server_settings_on_one_running_server(tmp_path):
     out = tmp_path / "rows.json"
     cmd = [sys.executable, "-m", "benchmarks.load_test", "--engine", "classic", "--device", "cpu", "--size", "256",
            "--sessions", "1", "--duration", "2", "--render-in-flight", "0,2", "--front-end-streams", "off,on",
-           "--json", str(out)]
+           "--compose-graphs", "on", "--json", str(out)]
     done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(out.read_text())
@@ -109,7 +109,7 @@ def test_the_load_test_sweeps_server_settings_on_one_running_server(tmp_path):
         assert len(r["server_fps_timeline"]) >= 1 and max(r["server_fps_timeline"]) > 0
         # the GIL probe woke every ~2 ms of the level in the server's process; the classic engine has no batch graphs
         assert r["gil_wakes"] > 200 and 0 <= r["gil_wait_p50_ms"] <= r["gil_wait_p95_ms"] <= r["gil_wait_max_ms"], r
-        assert r["batch_graphs"] is None
+        assert r["batch_graphs"] is None and r["compose_graphs"] is True  # switched on (used on CUDA only)
     # a session counts as sustained only if it spoke: asking for more speech than any session can have
     # (a stand-in for a broken speech path, where idle frames stream on time) leaves none sustained;
     # a warm-up level runs first and is not recorded

@@ -121,3 +121,29 @@ def test_consumer_can_stop_early(astronaut_packet):
     gen = stream_generator("classic", astronaut_packet, Audio(_speechlike(2.0, 16000), 16000), chunk_frames=2)
     next(gen)
     gen.close()  # must not hang or leak the worker
+
+
+def test_a_sessions_compose_through_its_plans_equals_composing_directly(astronaut_packet):
+    """`ComposeGraphs` (compose/session_graphs.py; CUDA graphs on a GPU, the same steps eagerly here):
+    each request's frames are the ones the session's own compose makes, whatever the previous
+    request of that size left in the plan's buffers; sizes past ``max_sizes`` compose directly."""
+    from fractions import Fraction
+
+    from newsstudio.compose.session_graphs import ComposeGraphs
+    from newsstudio.engines.classic.engine import ClassicEngine
+    from newsstudio.stream import StreamSession, background_for
+
+    engine = ClassicEngine(device="cpu")
+    layer = engine.load_avatar(astronaut_packet)
+    session = StreamSession(engine, layer, background_for(engine, layer.packet), Fraction(25))
+    graphs = ComposeGraphs(session._compose, torch.device("cpu"), max_sizes=2)
+    g = torch.Generator().manual_seed(3)
+    hr, wr = layer.roi_hw
+    for n, output in ((4, "nv12"), (4, "nv12"), (2, "rgb"), (4, "nv12")):
+        rois = torch.rand(n, hr, wr, 3, generator=g) * 255
+        idx = torch.randint(0, layer.n_frames, (n,), generator=g)
+        host, done = graphs.to_host(rois, idx, output)
+        assert done is None  # on the CPU: nothing to wait for
+        assert torch.equal(host, session._compose(rois, idx, output))
+    assert graphs.replays == 4
+    assert graphs.to_host(torch.rand(3, hr, wr, 3), torch.zeros(3, dtype=torch.long), "nv12") is None  # a third size

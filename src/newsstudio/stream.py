@@ -36,6 +36,7 @@ from .audio.source import AudioSource, frame_sample, frames_for_samples
 from .avatar.packet import Packet
 from .compose.banner import random_weights_banner
 from .compose.colour import nv12_to_rgb
+from .compose.session_graphs import ComposeGraphs
 from .compose.splice import roi_offsets, splice_nv12
 from .frame_rate import check_frame_rate
 from .accel.host_copy import to_host_async
@@ -82,6 +83,7 @@ class StreamSession:
         self.batcher = renderer if isinstance(renderer, RenderBatcher) else None
         self.renderer = self.batcher.render if self.batcher is not None else (renderer or engine.render)
         self.render_wait_s = 0.0  # summed time inside render calls (the shared batch's queue and launch)
+        self._compose_graphs: ComposeGraphs | None = None  # made at the first request that composes through graphs
         self._loop_index: torch.Tensor | None = None  # `_index`'s table
         self.layer = layer
         self.background = background
@@ -154,6 +156,12 @@ class StreamSession:
         rois = self._timed(b.render_for_stream, side, self.layer, driving, idx)
         idx.record_stream(side)  # made on this thread's stream, read on the side stream below
         with torch.cuda.stream(side):
+            if b.compose_graphs:  # the same compose in ~7 torch calls (compose/session_graphs.py)
+                if self._compose_graphs is None:
+                    self._compose_graphs = ComposeGraphs(self._compose, self.background.device)
+                done = self._compose_graphs.to_host(rois, idx, output)
+                if done is not None:
+                    return done
             return self._compose_to_host(idx, output, rois)
 
     @torch.inference_mode()

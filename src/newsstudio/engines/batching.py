@@ -422,6 +422,9 @@ class RenderBatcher(Batcher[tuple[AvatarLayer, torch.Tensor, torch.Tensor], torc
                          buckets=buckets, fill_buckets=fill_buckets)
         self.engine = engine
         self.compose = check_compose(compose)
+        # "stream" compose of each session through CUDA graphs of its own (compose/session_graphs.py;
+        # off until measured on live streams: benchmarks switch it)
+        self.compose_graphs = False
         self._compose_stream: torch.cuda.Stream | None = None
 
     def set_compose(self, mode: str) -> None:

@@ -44,6 +44,7 @@ class EnginePool:
             raise ValueError(f"unknown engine {default!r}; choose one of {', '.join(ENGINES)} or 'auto'")
         self._engines: dict[str, Engine] = {}
         self._batch_graphs_on: bool | None = None  # set_batch_graphs (benchmarks); None: each engine's default
+        self._compose_graphs_on = False  # set_compose_graphs (benchmarks)
         self._errors: dict[str, str] = {}
         self._locks = {name: threading.Lock() for name in ENGINES}
 
@@ -99,6 +100,7 @@ class EnginePool:
             if b is None:
                 b = self._batchers[name] = RenderBatcher(eng, max_in_flight=self.render_in_flight, compose=self.compose,
                                                              fill_buckets=self.fill_render_batches)
+                b.compose_graphs = self._compose_graphs_on
                 b.stall_s = self.stall_s
                 for stage, shared in eng.use_stream_batchers(own_streams=self.front_end_streams).items():  # audio encoders, Ditto's LMDM windows
                     self._batchers[f"{name}/{stage}"] = shared
@@ -129,6 +131,18 @@ class EnginePool:
         for eng in list(self._engines.values()):
             if getattr(eng, "batch_graphs", None) is not None:
                 eng.batch_graphs.enabled = self._batch_graphs_on
+
+    def set_compose_graphs(self, on: bool) -> None:
+        """Whether live sessions compose through their CUDA graphs (compose/session_graphs.py) from
+        their next request: the render batchers' ``compose_graphs`` (benchmarks compare the two)."""
+        self._compose_graphs_on = bool(on)
+        for b in list(self._batchers.values()):
+            if isinstance(b, RenderBatcher):
+                b.compose_graphs = self._compose_graphs_on
+
+    def compose_graphs(self) -> bool:
+        """Whether live sessions compose through their CUDA graphs (`set_compose_graphs`)."""
+        return self._compose_graphs_on
 
     def batch_graphs(self) -> bool | None:
         """Whether a loaded engine's batches take the graph path (None: no loaded engine has one)."""

@@ -39,35 +39,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ...accel.graph_capture import capture, normal_tensor
 from ...accel.static import BucketedRunner, StaticBatchRunner
 from ..base import AvatarLayer
 from .prebake import grid_from_axes, resize_with_grid
-
-
-def _normal(fn: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """A buffer made outside inference mode, so later calls in or out of it can refill it."""
-    with torch.inference_mode(False):
-        return fn()
-
-
-def _graphed(fn: Callable[[], None], device: torch.device, pool: object) -> Callable[[], None]:
-    """``fn`` (static buffers in, static buffers out) captured as a CUDA graph: its replay. Run
-    once eagerly first (lazy kernel set-up), then captured on a side stream in thread-local mode so
-    other threads keep launching meanwhile; no device-wide synchronise or cache flush (unlike
-    `torch.cuda.graph`), since this happens while live sessions render."""
-    cur = torch.cuda.current_stream(device)
-    side = torch.cuda.Stream(device)
-    side.wait_stream(cur)
-    with torch.cuda.stream(side):
-        fn()
-        graph = torch.cuda.CUDAGraph()
-        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
-        try:
-            fn()
-        finally:
-            graph.capture_end()
-    cur.wait_stream(side)
-    return graph.replay
 
 
 @dataclass
@@ -154,10 +129,10 @@ class BatchGraphs:
         lid = id(layer)
         if lid not in self._faces:
             hr, wr = layer.roi_hw
-            self._faces[lid] = _normal(lambda: torch.zeros((runner.max_bucket, 3, hr, wr), device=dev))
+            self._faces[lid] = normal_tensor(lambda: torch.zeros((runner.max_bucket, 3, hr, wr), device=dev))
             weakref.finalize(layer, self.forget, lid)
         faces = self._faces[lid][:bucket].permute(0, 2, 3, 1)  # the layout resize_with_grid returns
-        index = _normal(lambda: torch.zeros(bucket, dtype=torch.long, device=dev))  # frame 0: valid for every avatar
+        index = normal_tensor(lambda: torch.zeros(bucket, dtype=torch.long, device=dev))  # frame 0: valid for every avatar
         sources = [layer.data[k] for k in keys]
         targets = [r.static_inputs[0], *r.static_inputs[2:]]  # the prompts (input 1) come from the requests
         gx, gy = layer.data["grid_x"], layer.data["grid_y"]
@@ -172,7 +147,7 @@ class BatchGraphs:
         static_out = r.graph_outputs
         if self.use_graphs and static_out is not None:
             pool = self._pools.setdefault(id(r.family), torch.cuda.graph_pool_handle())
-            gather = _graphed(gather, dev, pool)
-            resize_replay = _graphed(lambda: resize(static_out), dev, pool)
+            gather = capture(gather, dev, pool)
+            resize_replay = capture(lambda: resize(static_out), dev, pool)
             return _Plan(r, index, faces, gather, lambda _out: resize_replay())
         return _Plan(r, index, faces, gather, resize)
