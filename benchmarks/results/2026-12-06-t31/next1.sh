@@ -5,9 +5,11 @@
 # with one render batch in flight (the batch graphs made the render thread quick enough that two in flight gave
 # 19-frame batches), batch graphs x compose graphs on/off. Every level reports the GIL probe.
 . .carry/setup.sh; set -o pipefail; export PATH=/tmp/site/bin:$PATH
-timeout 150 python -m benchmarks.batch_dispatch --accel cudagraph --busy-threads 0,16 --batches 20 \
-  --json $OUT/batch_dispatch.json 2>&1 | grep -v Warn | tail -24
-echo "dispatch check done at $SECONDS s"
+if [ -z "$SKIP_DISPATCH" ]; then
+  timeout 150 python -m benchmarks.batch_dispatch --accel cudagraph --busy-threads 0,16 --batches 20 \
+    --json $OUT/batch_dispatch.json 2>&1 | grep -v Warn | tail -24
+  echo "dispatch check done at $SECONDS s"
+fi
 L=${L:-400}
 TORCH_LOGS=recompiles timeout $L python -m benchmarks.load_test --engine musetalk --fps 30 --weights random \
   --size 1080 --accel compile+cudagraph --client-processes 4 --render-aheads 16 --render-leads 0.5 --send-on-clock on \
