@@ -82,10 +82,10 @@ class BatchGraphs:
         dev_type = self.device.type  # by type: an engine on "cuda" holds tensors on "cuda:0", which != "cuda"
         if not self.enabled or n < 1 or n > runner.max_bucket or any(i.device.type != dev_type for i in idxs):
             return None
+        drivings = [d if d.dtype == dtype and d.device.type == dev_type else d.to(self.device, dtype) for d in drivings]
         plan = self._plan(runner, layer, keys, drivings[0], n)
         r = plan.runner
         prompts = r.static_inputs[1]
-        drivings = [d if d.dtype == dtype and d.device.type == dev_type else d.to(self.device, dtype) for d in drivings]
         index_rows = plan.index_rows.get(n)
         if index_rows is None:
             index_rows = plan.index_rows[n] = plan.index[:n]
