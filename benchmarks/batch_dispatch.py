@@ -163,6 +163,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--accel", default="cudagraph", help="the engine's accel (cudagraph: no compile wait)")
     ap.add_argument("--size", type=int, default=1080, help="avatar size (square), as in the load test")
+    ap.add_argument("--first-face-row", default="auto",
+                    help="the face rows decoded: auto (the lower-face decoder, as a compiled server runs; its batches "
+                         "gather the avatar's upper-row statistics too) or 0 (the whole face)")
     ap.add_argument("--frames", default="14,14", help="the requests of a timed batch (frames each)")
     ap.add_argument("--batches", type=int, default=40)
     ap.add_argument("--busy-threads", default="0,16")
@@ -172,7 +175,10 @@ def main() -> None:
         raise SystemExit("batch_dispatch measures CUDA graph dispatch: it needs a GPU")
     from newsstudio.engines.musetalk.engine import MuseTalkEngine
 
-    engine = MuseTalkEngine("cuda", weights="random", accel=args.accel, batch_graphs=True)
+    from newsstudio.engines.musetalk.face_rows import parse_first_face_row
+
+    engine = MuseTalkEngine("cuda", weights="random", accel=args.accel, batch_graphs=True,
+                            first_face_row=parse_first_face_row(args.first_face_row))
     t0 = time.perf_counter()
     engine.warm_up()
     print(f"engine warmed up in {time.perf_counter() - t0:.0f} s ({args.accel}, first face row {engine.first_face_row})", flush=True)
@@ -189,6 +195,8 @@ def main() -> None:
         packet = avatar(src, "dispatch", (args.size, args.size), Path(d) / "avatars")
         layer = engine.load_avatar(engine.prebake(packet, progress=False))
         session = StreamSession(engine, layer, background_for(engine, layer.packet), Fraction(30))
+    print(f"avatar {args.size}x{args.size}: its batches run "
+          f"{'the lower-face decoder' if 'upper_stats' in layer.data else 'the whole face'}", flush=True)
     equal = check_equal(engine, layer, [[3, 2], [14, 14], [31], [4], [8, 8, 8, 8], [2]])
     for r in equal:
         print(f"frames {r['frames']}: {'same bytes' if r['equal'] else 'DIFFERENT'} (max |diff| {r['max_abs_diff']})", flush=True)
