@@ -44,6 +44,7 @@ import numpy as np
 from newsstudio.render_budget import FULL as REFUSED
 
 from .gil_probe import GilProbe
+from .thread_cpu import own_threads_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -352,6 +353,12 @@ def _child_ready(hold_s: float) -> int:
     return os.getpid()
 
 
+def _cpu_shares(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
+    """Cores each thread group used over a level (1.0 = one core busy all the time), busiest first."""
+    shares = {k: (v - before.get(k, 0.0)) / max(seconds, 1e-9) for k, v in after.items()}
+    return {k: round(v, 3) for k, v in sorted(shares.items(), key=lambda kv: -kv[1]) if v > 0.005}
+
+
 async def run_level(url: str, n: int, args, pcm, sr, clients: ClientPool | None = None) -> dict:
     stop = asyncio.Event()
     stats = [_new_stats() for _ in range(n)]
@@ -371,6 +378,7 @@ async def run_level(url: str, n: int, args, pcm, sr, clients: ClientPool | None 
         live: list[dict] = []  # the sessions' own figures, last sample of the level
         t_end = time.monotonic() + args.duration
         probe = GilProbe() if args.url is None else None  # the server runs in this process: its GIL's queue
+        cpu_before = own_threads_cpu() if probe is not None else None  # and its threads' CPU
         if probe is not None:
             probe.__enter__()
         timeline = None
@@ -394,6 +402,7 @@ async def run_level(url: str, n: int, args, pcm, sr, clients: ClientPool | None 
             live = m.get("sessions") or live
         if probe is not None:
             probe.__exit__(None, None, None)
+        thread_cpu = _cpu_shares(cpu_before, own_threads_cpu(), args.duration) if cpu_before is not None else None
         stop.set()
         results = await asyncio.gather(*tasks)
         profile = await timeline if timeline is not None else None
@@ -477,6 +486,7 @@ async def run_level(url: str, n: int, args, pcm, sr, clients: ClientPool | None 
         "gpu_before_mb": gpu(before) / 1e6, "gpu_peak_mb": peak_gpu / 1e6, "gpu_after_mb": gpu(after) / 1e6,
         "active_after": after["active_sessions"],
         **(probe.summary() if probe is not None else {}),
+        **({"thread_cpu": thread_cpu} if thread_cpu is not None else {}),
         **({"gpu_timeline": profile} if profile else {}),
     }
 
@@ -642,6 +652,9 @@ def run_levels(args, url: str, pcm, sr, levels: list, clients: ClientPool | None
         refused = f"{r['refused']} refused (render capacity), " if r["refused"] else ""
         print(f"[{time.monotonic() - t0:.0f} s] {n} sessions: {r['sustained']} sustained, {refused}{r['errors']} errors {r['error_samples'] or ''}",
               file=sys.stderr)
+        if r.get("thread_cpu"):  # the server's threads, in cores over the level
+            print("  server thread CPU (cores): " + ", ".join(f"{k} {v:.2f}" for k, v in list(r["thread_cpu"].items())[:8]),
+                  file=sys.stderr)
         print(" | ".join(f"{r.get(name, 0.0):>{len(name)}{fmt}}" for name, fmt in cols), flush=True)  # gil_*: a server here only
         if syncs is not None:
             for name, text, count in sorted(syncs.values(), key=lambda v: -v[2]):

@@ -78,6 +78,25 @@ def watch(pid: int, seconds: float, interval: float, out: Path) -> None:
             prev = cur
 
 
+def own_threads_cpu() -> dict[str, float]:
+    """CPU seconds so far of this process's threads, summed by Python thread name with its number
+    dropped ("newsstudio-live_3" -> "newsstudio-live"); threads Python did not start (CUDA's, torch's
+    own pools) count as "other native". Where a live server in this process spends its CPU, for a
+    load test to take differences over a level."""
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for task in Path("/proc/self/task").glob("*"):
+        ticks = _cpu_ticks(task / "stat")
+        if ticks is None:
+            continue
+        name = names.get(int(task.name))
+        group = re.sub(r"_\d+$|-\d+$", "", name) if name else "other native"
+        out[group] = out.get(group, 0.0) + ticks / TICK
+    return out
+
+
 def thread_names(dump: Path) -> dict[str, str]:
     """tid -> Python thread name from `py-spy dump` output."""
     return {m.group(1): m.group(2) for m in re.finditer(r'^Thread (\d+) \([^)]*\): "([^"]*)"', dump.read_text(), re.M)}

@@ -110,6 +110,8 @@ def test_the_load_test_sweeps_server_settings_on_one_running_server(tmp_path):
         # the GIL probe woke every ~2 ms of the level in the server's process; the classic engine has no batch graphs
         assert r["gil_wakes"] > 200 and 0 <= r["gil_wait_p50_ms"] <= r["gil_wait_p95_ms"] <= r["gil_wait_max_ms"], r
         assert r["batch_graphs"] is None and r["compose_graphs"] is True  # switched on (used on CUDA only)
+        # the server's threads' CPU over the level, by thread group: its live sessions' threads worked
+        assert any(k.startswith("newsstudio-") and v > 0 for k, v in r["thread_cpu"].items()), r["thread_cpu"]
     # a session counts as sustained only if it spoke: asking for more speech than any session can have
     # (a stand-in for a broken speech path, where idle frames stream on time) leaves none sustained;
     # a warm-up level runs first and is not recorded

@@ -3,7 +3,7 @@
 # and the sessions' compose graphs (compose/session_graphs.py; new, CPU-tested only) -- each check fails unless the
 # graph path was taken, then their dispatch and launch times beside 16 busy threads; (2) 16 MuseTalk sessions at 30 fps
 # with one render batch in flight (the batch graphs made the render thread quick enough that two in flight gave
-# 19-frame batches), batch graphs x compose graphs on/off. Every level reports the GIL probe.
+# 19-frame batches), batch graphs x compose graphs on/off. Every level reports the GIL probe and its threads' CPU.
 . .carry/setup.sh; set -o pipefail; export PATH=/tmp/site/bin:$PATH
 if [ -z "$SKIP_DISPATCH" ]; then
   timeout 150 python -m benchmarks.batch_dispatch --accel cudagraph --busy-threads 0,16 --batches 20 \
@@ -25,5 +25,6 @@ for r in json.load(open(sys.argv[1])):
           "GIL wait p50/p95", r.get("gil_wait_p50_ms"), r.get("gil_wait_p95_ms"),
           "render call / wait / copy-out", round(r["session_render_call_ms"], 1), round(r["session_render_wait_ms"], 1),
           round(r["session_copy_out_ms"], 1), "skipped", r["skipped_frames_per_session"])
+    print("   server thread CPU (cores):", list((r.get("thread_cpu") or {}).items())[:8])
 PY
 echo "done at $SECONDS s"
