@@ -67,3 +67,25 @@ def test_other_servers_take_the_ordinary_path():
         assert c.receive_text() == "done"
     assert report["direct"] is False and report["direct_sent"] == 0
     assert got == report["sent"]
+
+
+def test_a_chunks_frames_adjacent_in_memory_are_packed_as_one_run_with_the_same_bytes():
+    """`server.ws._pack`: frames that are consecutive rows of one host tensor (a request's copy-out)
+    are copied as one run; the message is byte for byte the one packed frame by frame."""
+    import torch
+
+    from newsstudio.server.ws import _adjacent_runs, _pack
+
+    host = torch.randint(0, 256, (6, 9, 8), dtype=torch.uint8)
+    audio = os.urandom(40)
+    header = {"type": "chunk", "frame_bytes": [72] * 4}
+    frames = list(host[1:5])  # four adjacent frames
+    assert len(_adjacent_runs(tuple(frames))) == 1
+    assert _pack(header, *frames, audio) == _pack(header, *[f.clone() for f in frames], audio)
+    gaps = [host[0], host[2], host[3], host[5]]  # 2-3 adjacent, the others not
+    assert len(_adjacent_runs(tuple(gaps))) == 3
+    assert _pack(header, *gaps, audio) == _pack(header, *[f.clone() for f in gaps], audio)
+    floats = torch.rand(3, 5)  # another dtype: runs are counted in bytes
+    assert _pack(header, *floats, audio) == _pack(header, *[f.clone() for f in floats], audio)
+    strided = host[:, :, ::2]  # not contiguous: copied alone
+    assert _pack(header, *strided, audio) == _pack(header, *[f.contiguous() for f in strided], audio)
