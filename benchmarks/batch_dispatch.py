@@ -19,11 +19,13 @@ request. Prints one row per (path, threads).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -38,6 +40,26 @@ def _busy(stop: threading.Event, device: torch.device) -> None:
         for _ in range(8):
             x.add_(1.0).mul_(0.5)
         time.sleep(0.0005)
+
+
+@contextlib.contextmanager
+def busy_threads(n: int, device: torch.device) -> Iterator[None]:
+    """``n`` `_busy` threads running while the block runs."""
+    stop = threading.Event()
+    pool = [threading.Thread(target=_busy, args=(stop, device), daemon=True) for _ in range(n)]
+    for t in pool:
+        t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for t in pool:
+            t.join()
+
+
+def _ms(seconds: list[float]) -> tuple[float, float]:
+    """(median, 90th percentile) in ms."""
+    return round(statistics.median(seconds) * 1e3, 2), round(sorted(seconds)[int(0.9 * len(seconds))] * 1e3, 2)
 
 
 def _batches(layer, frames: list[int], count: int, seed: int) -> list[list[tuple]]:
@@ -99,12 +121,8 @@ def time_compose(session, engine, layer, n: int, requests: int, threads: int) ->
     dev = engine.device
     graphs = ComposeGraphs(session._compose, dev)
     work = [(engine.render(lay, d, i), i) for lay, d, i in (b[0] for b in _batches(layer, [n], requests, 11))]
-    stop = threading.Event()
-    pool = [threading.Thread(target=_busy, args=(stop, dev), daemon=True) for _ in range(threads)]
-    for t in pool:
-        t.start()
     rows = []
-    try:
+    with busy_threads(threads, dev):
         for graphed in (True, False, True, False):
             launch = []
             for rois, idx in work:
@@ -115,46 +133,35 @@ def time_compose(session, engine, layer, n: int, requests: int, threads: int) ->
                 else:
                     session._compose_to_host(idx, "nv12", rois)
                 launch.append(time.perf_counter() - t0)
+            median, p90 = _ms(launch)
             rows.append({"compose": "graphs" if graphed else "direct", "busy_threads": threads, "frames": n,
-                         "launch_ms": round(statistics.median(launch) * 1e3, 2),
-                         "launch_p90_ms": round(sorted(launch)[int(0.9 * len(launch))] * 1e3, 2)})
-    finally:
-        stop.set()
-        for t in pool:
-            t.join()
+                         "launch_ms": median, "launch_p90_ms": p90})
     return rows
 
 
 def time_paths(engine, layer, frames: list[int], batches: int, threads: int) -> list[dict]:
     dev = engine.device
     work = _batches(layer, frames, batches, 7)
-    stop = threading.Event()
-    pool = [threading.Thread(target=_busy, args=(stop, dev), daemon=True) for _ in range(threads)]
-    for t in pool:
-        t.start()
     rows = []
     try:
-        for on in (True, False, True, False):  # alternated: drift in the machine shows as a difference between repeats
-            engine.batch_graphs.enabled = on
-            for items in work[:3]:
-                engine.render_many(items)
-            torch.cuda.synchronize(dev)
-            dispatch, period = [], []
-            for items in work:
-                t0 = time.perf_counter()
-                engine.render_many(items)
-                t1 = time.perf_counter()
+        with busy_threads(threads, dev):
+            for on in (True, False, True, False):  # alternated: drift in the machine shows as a difference between repeats
+                engine.batch_graphs.enabled = on
+                for items in work[:3]:
+                    engine.render_many(items)
                 torch.cuda.synchronize(dev)
-                dispatch.append(t1 - t0)
-                period.append(time.perf_counter() - t0)
-            rows.append({"path": "batch graphs" if on else "general", "busy_threads": threads, "frames": frames,
-                         "dispatch_ms": round(statistics.median(dispatch) * 1e3, 2),
-                         "dispatch_p90_ms": round(sorted(dispatch)[int(0.9 * len(dispatch))] * 1e3, 2),
-                         "period_ms": round(statistics.median(period) * 1e3, 2)})
+                dispatch, period = [], []
+                for items in work:
+                    t0 = time.perf_counter()
+                    engine.render_many(items)
+                    t1 = time.perf_counter()
+                    torch.cuda.synchronize(dev)
+                    dispatch.append(t1 - t0)
+                    period.append(time.perf_counter() - t0)
+                median, p90 = _ms(dispatch)
+                rows.append({"path": "batch graphs" if on else "general", "busy_threads": threads, "frames": frames,
+                             "dispatch_ms": median, "dispatch_p90_ms": p90, "period_ms": _ms(period)[0]})
     finally:
-        stop.set()
-        for t in pool:
-            t.join()
         engine.batch_graphs.enabled = True
     return rows
 

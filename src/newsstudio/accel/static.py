@@ -63,6 +63,7 @@ log = logging.getLogger(__name__)
 
 MODES = ("eager", "compile", "cudagraph", "compile+cudagraph")
 COMPILE_MODES = ("compile", "compile+cudagraph")  # the modes that run torch.compile
+GRAPH_MODES = ("cudagraph", "compile+cudagraph")  # the modes that replay CUDA graphs (on a GPU)
 
 
 def compiled_on_cuda(device_type: str, mode: str) -> bool:
@@ -244,7 +245,7 @@ class StaticBatchRunner:
 
     @property
     def uses_graph(self) -> bool:
-        return self.mode in ("cudagraph", "compile+cudagraph")
+        return self.mode in GRAPH_MODES
 
     def prepare(self) -> "StaticBatchRunner":
         """Compile / warm up / capture now (otherwise the first call does it)."""

@@ -78,8 +78,9 @@ class EnginePool:
             except Exception as e:  # noqa: BLE001 - any load failure is reported, the server keeps serving
                 self._errors[name] = f"engine {name!r} is not available on this server: {type(e).__name__}: {e}"
                 raise EngineUnavailable(self._errors[name]) from e
-            if self._batch_graphs_on is not None and getattr(eng, "batch_graphs", None) is not None:
-                eng.batch_graphs.enabled = self._batch_graphs_on  # a benchmark's setting made before this engine loaded
+            graphs = getattr(eng, "batch_graphs", None)
+            if self._batch_graphs_on is not None and graphs is not None:  # a benchmark's setting made before this engine loaded
+                graphs.enabled = self._batch_graphs_on
             self._engines[name] = eng
             return name, eng
 
@@ -128,9 +129,12 @@ class EnginePool:
         (engines/musetalk/batch_graphs.py) or the general one, from their next batch (benchmarks
         compare the two on one server); engines without that path are left as they are."""
         self._batch_graphs_on = bool(on)
-        for eng in list(self._engines.values()):
-            if getattr(eng, "batch_graphs", None) is not None:
-                eng.batch_graphs.enabled = self._batch_graphs_on
+        for graphs in self._batch_graphs():
+            graphs.enabled = self._batch_graphs_on
+
+    def _batch_graphs(self) -> list:
+        """The loaded engines' `BatchGraphs` (engines without that path have none)."""
+        return [g for g in (getattr(eng, "batch_graphs", None) for eng in list(self._engines.values())) if g is not None]
 
     def set_compose_graphs(self, on: bool) -> None:
         """Whether live sessions compose through their CUDA graphs (compose/session_graphs.py) from
@@ -146,8 +150,8 @@ class EnginePool:
 
     def batch_graphs(self) -> bool | None:
         """Whether a loaded engine's batches take the graph path (None: no loaded engine has one)."""
-        states = [eng.batch_graphs.enabled for eng in list(self._engines.values()) if getattr(eng, "batch_graphs", None) is not None]
-        return any(states) if states else None
+        graphs = self._batch_graphs()
+        return any(g.enabled for g in graphs) if graphs else None
 
     def set_compose(self, mode: str) -> None:
         """`ServerConfig.compose` for the render batchers made from now on and those running (their

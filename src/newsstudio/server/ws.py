@@ -115,7 +115,7 @@ def _pack(header: dict[str, Any], *payload: bytes | torch.Tensor) -> bytearray:
     for p, size in zip(payload, sizes):
         if isinstance(p, torch.Tensor):
             if size:
-                flat = p if p.dtype == torch.uint8 and p.dim() == 1 else p.contiguous().view(torch.uint8).reshape(-1)
+                flat = p if p.dtype == torch.uint8 and p.dim() == 1 else p.view(torch.uint8).reshape(-1)  # contiguous: _adjacent_runs
                 torch.frombuffer(out, dtype=torch.uint8, count=size, offset=pos).copy_(flat)
         else:
             out[pos:pos + size] = p

@@ -39,7 +39,7 @@ from ...accel.group_norm_nhwc import fuse_following_silu_, with_nhwc_group_norms
 from ...accel.igemm_conv import CALIBRATED_MODES, ENGINE_FP8_HEADROOM, calibrate_fp8_, with_triton_convs
 from ...accel.precision import to_channels_last_
 from ...accel.settings import resolve_accel
-from ...accel.static import BucketedRunner, render_buckets, static_buckets
+from ...accel.static import GRAPH_MODES, BucketedRunner, render_buckets, static_buckets
 from ...accel.upsample_conv import with_phase_upsampling
 from ...avatar.packet import Packet, PacketError
 from ..base import AvatarLayer, Engine, FrameQueue, neural_defaults, same_layer_runs, warn_random_weights
@@ -266,7 +266,7 @@ class MuseTalkEngine(Engine):
         self._whole_face_runner = (BucketedRunner(self._whole_faces, self.accel, sizes=buckets,
                                                   static_sizes=self.static_buckets)
                                    if self._lower_decoder is not None else None)
-        graphs_here = self.accel in ("cudagraph", "compile+cudagraph") and device.type == "cuda"
+        graphs_here = self.accel in GRAPH_MODES and device.type == "cuda"
         self.batch_graphs = (BatchGraphs(device, use_graphs=graphs_here, enabled=batch_graphs is True)
                              if batch_graphs is not False and (graphs_here or batch_graphs) else None)
         # Whisper over whole 30 s pieces (1-4 per call): a fixed shape, ~100 small kernels per run.
