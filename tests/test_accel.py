@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections import namedtuple
 
 import pytest
@@ -618,24 +619,67 @@ def test_graph_runner_called_from_two_streams_never_refills_inputs_under_a_runni
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_graph_family_capture_stream_is_freed_for_the_next_family_when_it_is_gone(caplog):
-    """A process that makes and drops many runners (benchmarks with several variants) keeps getting
-    capture streams (and cuBLAS workspaces) of its own: a dropped family's stream goes back to the pool."""
-    import gc
-
-    from newsstudio.accel import graph_family as gf
+def test_capture_streams_are_no_pooled_stream_and_no_one_elses():
+    """Families' and threads' capture streams are made for them: none is one of PyTorch's pooled
+    streams (which anyone may be handed) and no two callers share one."""
+    from newsstudio.accel.graph_family import GraphFamily
+    from newsstudio.accel.own_stream import thread_capture_stream
 
     dev = torch.device("cuda")
-    kept = gf.GraphFamily()
-    kept_stream = kept.capture_stream(dev).cuda_stream
-    seen: set[int] = set()
-    with caplog.at_level(logging.WARNING, logger=gf.__name__):
-        for _ in range(3 * gf._POOL_SIZE):  # more families than the pool has streams
-            family = gf.GraphFamily()
-            handle = family.capture_stream(dev).cuda_stream
-            assert handle != kept_stream, "a live family's capture stream was handed out again"
-            seen.add(handle)
-            del family
-            gc.collect()
-    assert "are shared" not in caplog.text, "a dropped family's stream was never freed"
-    assert len(seen) > 1
+    high = torch.cuda.Stream.priority_range()[1]
+    pooled = {torch.cuda.Stream(priority=p).cuda_stream for p in (0, high) for _ in range(64)}
+    families = [GraphFamily() for _ in range(40)]  # more than the pool has streams per priority
+    mine = [f.capture_stream(dev).cuda_stream for f in families]
+    handles: list[int] = []
+    worker = threading.Thread(target=lambda: handles.append(thread_capture_stream(dev).cuda_stream))
+    worker.start()
+    worker.join()
+    mine += [thread_capture_stream(dev).cuda_stream, handles[0]]
+    assert thread_capture_stream(dev).cuda_stream == mine[-2], "a thread keeps its capture stream"
+    assert len(set(mine)) == len(mine) and not set(mine) & pooled
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_capture_mid_stream_survives_other_threads_waiting_on_pooled_streams():
+    """The thirty-second session's failure: a live session captured its compose graph on a pooled
+    stream that was also a batcher's own stream, whose ``wait_event`` then broke the capture (and
+    every session). Captures now run beside threads that cycle through the whole pool."""
+    from newsstudio.accel.graph_capture import capture, normal_tensor
+
+    dev = torch.device("cuda")
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def pool_user() -> None:  # a batcher: its stream waits for its callers' events, then works
+        try:
+            streams = [torch.cuda.Stream() for _ in range(64)]
+            x = torch.randn(256, 256, device=dev)
+            while not stop.is_set():
+                for s in streams:
+                    ready = torch.cuda.Event()
+                    ready.record(torch.cuda.current_stream())
+                    s.wait_event(ready)
+                    with torch.cuda.stream(s):
+                        x = torch.tanh(x @ x) * 0.5
+                torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    users = [threading.Thread(target=pool_user, daemon=True) for _ in range(2)]
+    for t in users:
+        t.start()
+    try:
+        for k in range(60):
+            a = normal_tensor(lambda: torch.randn(64, 64, device=dev))
+            out = normal_tensor(lambda: torch.empty(64, 64, device=dev))
+            replay = capture(lambda: out.copy_(torch.relu(a) * 2 + k), dev)
+            a.normal_()
+            replay()
+            torch.cuda.synchronize()
+            torch.testing.assert_close(out, torch.relu(a) * 2 + k)
+    finally:
+        stop.set()
+        for t in users:
+            t.join(timeout=60)
+    assert not errors, errors
+

@@ -2,9 +2,11 @@
 
 `torch.cuda.graph` synchronises the device, collects garbage and empties the allocator's cache on
 entry: fine at start-up, a stall of every session when an avatar's or a session's graphs are made
-mid-stream. `capture` runs the function once eagerly (lazy kernel set-up), then captures it on a
-side stream in thread-local mode (other threads keep launching meanwhile) into ``pool``, and
-returns the graph's replay.
+mid-stream. `capture` runs the function once eagerly (lazy kernel set-up), then captures it in
+thread-local mode (other threads keep launching meanwhile) into ``pool``, and returns the graph's
+replay. Both run on this thread's own capture stream (`own_stream.thread_capture_stream`): a
+pooled `torch.cuda.Stream` may be another thread's stream too, whose work would then break the
+capture.
 """
 from __future__ import annotations
 
@@ -12,13 +14,15 @@ from collections.abc import Callable
 
 import torch
 
+from .own_stream import thread_capture_stream
+
 
 def capture(fn: Callable[[], None], device: torch.device, pool: object | None = None) -> Callable[[], None]:
     """``fn`` (static buffers in, static buffers out) as a CUDA graph: its ``replay``. Graphs that
     share a ``pool`` (`torch.cuda.graph_pool_handle`) may share intermediates: replay them one at a
     time, in one stream order."""
     cur = torch.cuda.current_stream(device)
-    side = torch.cuda.Stream(device)
+    side = thread_capture_stream(device)
     side.wait_stream(cur)
     with torch.cuda.stream(side):
         fn()
