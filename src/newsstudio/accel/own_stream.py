@@ -82,7 +82,8 @@ def new_stream(device: torch.device | str, high_priority: bool = False) -> torch
                "cudaStreamCreateWithPriority")
     stream = torch.cuda.ExternalStream(handle.value, device=torch.device("cuda", index))
     # the runtime frees it once the work queued on it is done, even if that is still running now
-    weakref.finalize(stream, lib.cudaStreamDestroy, ctypes.c_void_p(handle.value))
+    destroy = weakref.finalize(stream, lib.cudaStreamDestroy, ctypes.c_void_p(handle.value))
+    destroy.atexit = False  # at exit the CUDA context may already be gone
     return stream
 
 

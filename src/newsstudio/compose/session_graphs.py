@@ -27,7 +27,7 @@ from ..accel.host_copy import to_host_async
 @dataclass
 class _Plan:
     idx: torch.Tensor  # (n,) the request's avatar frames
-    rois: torch.Tensor  # (n, Hr, Wr, 3) float32: its rendered faces
+    rois: torch.Tensor  # (n, Hr, Wr, 3): its rendered faces, in the dtype and layout they come in
     run: Callable[[], torch.Tensor]  # the compose on those buffers (a graph's replay on CUDA): its frames
 
 
@@ -41,14 +41,14 @@ class ComposeGraphs:
         self.use_graphs = device.type == "cuda"
         self.max_sizes = max_sizes
         self.replays = 0  # requests composed through a plan (tests, benchmarks)
-        self._plans: dict[tuple[int, str, tuple[int, ...]], _Plan] = {}
+        self._plans: dict[tuple, _Plan] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self._lock = threading.Lock()
 
     def to_host(self, rois: torch.Tensor, idx: torch.Tensor, output: str) -> tuple[torch.Tensor, "torch.cuda.Event | None"] | None:
         """``to_host_async(compose(rois, idx, output))`` through this session's plan for the request's
         size, on the current stream; None where no plan applies (too many sizes): compose eagerly."""
-        key = (int(idx.shape[0]), output, tuple(rois.shape[1:]))
+        key = (int(idx.shape[0]), output, tuple(rois.shape[1:]), rois.stride(), rois.dtype)
         with self._lock:
             plan = self._plans.get(key)
             if plan is None:
@@ -64,7 +64,8 @@ class ComposeGraphs:
     def _new_plan(self, rois: torch.Tensor, idx: torch.Tensor, output: str) -> _Plan:
         dev = self.device
         idx_buf = normal_tensor(lambda: idx.detach().to(dev, torch.long).clone())
-        rois_buf = normal_tensor(lambda: rois.detach().to(dev, torch.float32).contiguous().clone())
+        # the faces' own dtype and layout: the compose's kernels (and so its rounding) follow the layout
+        rois_buf = normal_tensor(lambda: torch.empty_like(rois, device=dev).copy_(rois))
         if not self.use_graphs:
             return _Plan(idx_buf, rois_buf, lambda: self.compose(rois_buf, idx_buf, output))
         frames: list[torch.Tensor] = []
