@@ -620,23 +620,24 @@ def test_graph_runner_called_from_two_streams_never_refills_inputs_under_a_runni
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_capture_streams_are_no_pooled_stream_and_no_one_elses():
-    """Families' and threads' capture streams are made for them: none is one of PyTorch's pooled
-    streams (which anyone may be handed) and no two callers share one."""
+    """Families' capture streams and the mid-stream capture stream are made for them: none is one of
+    PyTorch's pooled streams (which anyone may be handed), no two live families share one, and a
+    gone family's stream is lent to the next (streams are never destroyed: own_stream.py)."""
+    import gc
+
     from newsstudio.accel.graph_family import GraphFamily
-    from newsstudio.accel.own_stream import thread_capture_stream
+    from newsstudio.accel.own_stream import capture_stream
 
     dev = torch.device("cuda")
     high = torch.cuda.Stream.priority_range()[1]
     pooled = {torch.cuda.Stream(priority=p).cuda_stream for p in (0, high) for _ in range(64)}
     families = [GraphFamily() for _ in range(40)]  # more than the pool has streams per priority
-    mine = [f.capture_stream(dev).cuda_stream for f in families]
-    handles: list[int] = []
-    worker = threading.Thread(target=lambda: handles.append(thread_capture_stream(dev).cuda_stream))
-    worker.start()
-    worker.join()
-    mine += [thread_capture_stream(dev).cuda_stream, handles[0]]
-    assert thread_capture_stream(dev).cuda_stream == mine[-2], "a thread keeps its capture stream"
+    mine = [f.capture_stream(dev).cuda_stream for f in families] + [capture_stream(dev)[0].cuda_stream]
     assert len(set(mine)) == len(mine) and not set(mine) & pooled
+    gone = mine[0]
+    del families[0]
+    gc.collect()
+    assert GraphFamily().capture_stream(dev).cuda_stream == gone, "a gone family's stream was not lent again"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -13,9 +13,10 @@ the sessions' speech silent (benchmarks/RESULTS.md, tenth session).
 A `GraphFamily` is a set of graphs of which at most one replays at a time, like the batch-size
 buckets of one network (`BucketedRunner`):
 
-* its graphs are captured on a high-priority stream of its own (`own_stream.new_stream`: not one
-  of PyTorch's pooled streams, which another family or another thread may also hold), so each
-  family gets its own cuBLAS workspace and no other thread's work can land in its captures;
+* its graphs are captured on a high-priority stream of its own (`own_stream.lend_stream`: not one
+  of PyTorch's pooled streams, which another family or another thread may also hold; lent to
+  another family once this one is gone), so each family gets its own cuBLAS workspace and no other
+  thread's work can land in its captures;
 * its replays are ordered on the GPU across streams: a replay on another stream than the previous
   one first waits for that one's end (an event), so two callers on different streams never refill
   the family's static inputs or use its workspace at the same time.
@@ -24,11 +25,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Iterator
 
 import torch
 
-from .own_stream import new_stream
+from .own_stream import lend_stream, return_stream
 
 
 class GraphFamily:
@@ -44,7 +46,8 @@ class GraphFamily:
         """The stream this family's graphs are captured on (made on first use)."""
         with self._stream_lock:
             if self._stream is None:
-                self._stream = new_stream(device, high_priority=True)  # destroyed with the family
+                self._stream = lend_stream(device, high_priority=True)
+                weakref.finalize(self, return_stream, self._stream, True)  # for the next family, once this one is gone
             return self._stream
 
     @contextlib.contextmanager

@@ -9,10 +9,13 @@ on a pooled side stream that was also the Whisper batcher's own stream; the batc
 ``wait_event`` on it raised ``cudaErrorStreamCaptureIsolation`` and all 16 sessions failed.
 
 `new_stream` makes a stream with ``cudaStreamCreateWithPriority`` (non-blocking, like PyTorch's
-own) through the CUDA runtime PyTorch itself loaded, wrapped as a `torch.cuda.ExternalStream`, and
-destroys it when the wrapper is collected. `thread_capture_stream` is one such stream per (thread,
-device), for captures made mid-stream: a thread captures one graph at a time, so its graphs can
-share it, and no other thread ever queues work on it.
+own) through the CUDA runtime PyTorch itself loaded, wrapped as a `torch.cuda.ExternalStream`.
+Streams are never destroyed: PyTorch's allocator and cuBLAS keep using a stream's handle after its
+last Python reference is gone (events recorded for blocks used on it, per-stream workspaces), and a
+server that destroyed one crashed later in garbage collection (H100, thirty-second session).
+`lend_stream` / `return_stream` reuse them instead. `capture_stream` is one per device for
+captures made mid-stream, with `capture_lock`: one capture at a time, and no other thread ever
+queues work on it.
 """
 from __future__ import annotations
 
@@ -21,16 +24,14 @@ import ctypes.util
 import functools
 import logging
 import threading
-import weakref
 
 import torch
 
-__all__ = ["new_stream", "thread_capture_stream"]
+__all__ = ["capture_stream", "lend_stream", "new_stream", "return_stream"]
 
 log = logging.getLogger(__name__)
 
 _NON_BLOCKING = 0x01  # cudaStreamNonBlocking: no implicit ordering with the legacy default stream
-_local = threading.local()
 
 
 @functools.cache
@@ -64,8 +65,7 @@ def new_stream(device: torch.device | str, high_priority: bool = False) -> torch
     """A CUDA stream on ``device`` that no one else is handed (see the module doc); at the device's
     highest priority where asked. Falls back to a pooled `torch.cuda.Stream`, with a warning, where
     no CUDA runtime library can be found."""
-    device = torch.device(device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _index(device)
     lib = _cudart()
     if lib is None:
         log.warning("no CUDA runtime library found: graphs captured mid-stream use PyTorch's pooled streams, "
@@ -80,18 +80,39 @@ def new_stream(device: torch.device | str, high_priority: bool = False) -> torch
         _check(lib.cudaStreamCreateWithPriority(ctypes.byref(handle), ctypes.c_uint(_NON_BLOCKING),
                                                 greatest if high_priority else least),
                "cudaStreamCreateWithPriority")
-    stream = torch.cuda.ExternalStream(handle.value, device=torch.device("cuda", index))
-    # the runtime frees it once the work queued on it is done, even if that is still running now
-    destroy = weakref.finalize(stream, lib.cudaStreamDestroy, ctypes.c_void_p(handle.value))
-    destroy.atexit = False  # at exit the CUDA context may already be gone
-    return stream
+    return torch.cuda.ExternalStream(handle.value, device=torch.device("cuda", index))  # never destroyed (module doc)
 
 
-def thread_capture_stream(device: torch.device | str) -> torch.cuda.Stream:
-    """This thread's own stream on ``device`` for capturing graphs (made on first use, kept)."""
+_free: dict[tuple[int, bool], list[torch.cuda.Stream]] = {}  # returned streams, by (device, high priority)
+_capture: dict[int, tuple[torch.cuda.Stream, threading.Lock]] = {}
+_lock = threading.Lock()
+
+
+def _index(device: torch.device | str) -> int:
     device = torch.device(device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    streams: dict[int, torch.cuda.Stream] = _local.__dict__.setdefault("streams", {})
-    if index not in streams:
-        streams[index] = new_stream(torch.device("cuda", index))
-    return streams[index]
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def lend_stream(device: torch.device | str, high_priority: bool = False) -> torch.cuda.Stream:
+    """A stream of our own that no one else holds: a returned one, else a new one."""
+    key = (_index(device), high_priority)
+    with _lock:
+        free = _free.get(key)
+        if free:
+            return free.pop()
+    return new_stream(torch.device("cuda", key[0]), high_priority)
+
+
+def return_stream(stream: torch.cuda.Stream, high_priority: bool = False) -> None:
+    """``stream`` (from `lend_stream`) may be lent again; its holder no longer uses it."""
+    with _lock:
+        _free.setdefault((stream.device_index, high_priority), []).append(stream)
+
+
+def capture_stream(device: torch.device | str) -> tuple[torch.cuda.Stream, threading.Lock]:
+    """The stream for graphs captured mid-stream on ``device`` and the lock to hold while using it."""
+    index = _index(device)
+    with _lock:
+        if index not in _capture:
+            _capture[index] = (new_stream(torch.device("cuda", index)), threading.Lock())
+        return _capture[index]
