@@ -619,25 +619,18 @@ def test_graph_runner_called_from_two_streams_never_refills_inputs_under_a_runni
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_capture_streams_are_no_pooled_stream_and_no_one_elses():
-    """Families' capture streams and the mid-stream capture stream are made for them: none is one of
-    PyTorch's pooled streams (which anyone may be handed), no two live families share one, and a
-    gone family's stream is lent to the next (streams are never destroyed: own_stream.py)."""
-    import gc
-
-    from newsstudio.accel.graph_family import GraphFamily
-    from newsstudio.accel.own_stream import capture_stream
+def test_mid_stream_capture_stream_is_no_pooled_stream():
+    """Graphs captured mid-stream use a stream made for them: never one of PyTorch's pooled streams
+    (which any other thread may be handed) and not the current stream; new streams are no one else's."""
+    from newsstudio.accel.own_stream import capture_stream, new_stream
 
     dev = torch.device("cuda")
     high = torch.cuda.Stream.priority_range()[1]
     pooled = {torch.cuda.Stream(priority=p).cuda_stream for p in (0, high) for _ in range(64)}
-    families = [GraphFamily() for _ in range(40)]  # more than the pool has streams per priority
-    mine = [f.capture_stream(dev).cuda_stream for f in families] + [capture_stream(dev)[0].cuda_stream]
+    mine = [capture_stream(dev)[0].cuda_stream] + [new_stream(dev, high_priority=h).cuda_stream for h in (False, True)]
     assert len(set(mine)) == len(mine) and not set(mine) & pooled
-    gone = mine[0]
-    del families[0]
-    gc.collect()
-    assert GraphFamily().capture_stream(dev).cuda_stream == gone, "a gone family's stream was not lent again"
+    assert torch.cuda.current_stream().cuda_stream not in mine
+    assert capture_stream(dev)[0].cuda_stream == mine[0], "one capture stream per device"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -684,3 +677,26 @@ def test_capture_mid_stream_survives_other_threads_waiting_on_pooled_streams():
             t.join(timeout=60)
     assert not errors, errors
 
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graph_family_capture_stream_is_freed_for_the_next_family_when_it_is_gone(caplog):
+    """A process that makes and drops many runners (benchmarks with several variants) keeps getting
+    capture streams (and cuBLAS workspaces) of its own: a dropped family's stream goes back to the pool."""
+    import gc
+
+    from newsstudio.accel import graph_family as gf
+
+    dev = torch.device("cuda")
+    kept = gf.GraphFamily()
+    kept_stream = kept.capture_stream(dev).cuda_stream
+    seen: set[int] = set()
+    with caplog.at_level(logging.WARNING, logger=gf.__name__):
+        for _ in range(3 * gf._POOL_SIZE):  # more families than the pool has streams
+            family = gf.GraphFamily()
+            handle = family.capture_stream(dev).cuda_stream
+            assert handle != kept_stream, "a live family's capture stream was handed out again"
+            seen.add(handle)
+            del family
+            gc.collect()
+    assert "are shared" not in caplog.text, "a dropped family's stream was never freed"
+    assert len(seen) > 1

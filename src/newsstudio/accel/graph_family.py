@@ -13,10 +13,9 @@ the sessions' speech silent (benchmarks/RESULTS.md, tenth session).
 A `GraphFamily` is a set of graphs of which at most one replays at a time, like the batch-size
 buckets of one network (`BucketedRunner`):
 
-* its graphs are captured on a high-priority stream of its own (`own_stream.lend_stream`: not one
-  of PyTorch's pooled streams, which another family or another thread may also hold; lent to
-  another family once this one is gone), so each family gets its own cuBLAS workspace and no other
-  thread's work can land in its captures;
+* its graphs are captured on a capture stream of its own (from PyTorch's high-priority stream
+  pool, which nothing else here draws from, checked to be no other live family's), so each family
+  gets its own cuBLAS workspace;
 * its replays are ordered on the GPU across streams: a replay on another stream than the previous
   one first waits for that one's end (an event), so two callers on different streams never refill
   the family's static inputs or use its workspace at the same time.
@@ -24,13 +23,42 @@ buckets of one network (`BucketedRunner`):
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import weakref
 from collections.abc import Iterator
 
 import torch
 
-from .own_stream import lend_stream, return_stream
+log = logging.getLogger(__name__)
+
+_POOL_SIZE = 32  # streams per priority in PyTorch's per-device pool (c10/cuda/CUDAStream.cpp)
+_taken: dict[int, set[int]] = {}  # device index -> capture streams (cuda_stream handles) of live families
+_taken_lock = threading.Lock()
+
+
+def _release(index: int, handle: int) -> None:
+    """A family is gone (with its graphs): its capture stream may serve another one."""
+    with _taken_lock:
+        _taken.get(index, set()).discard(handle)
+
+
+def _unique_capture_stream(device: torch.device) -> tuple[torch.cuda.Stream, bool]:
+    """(a high-priority pool stream no other family captures on, True) (the pool is handed out
+    round robin, so asking again gives the next one); once all are taken, (a shared one, False),
+    with a warning."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    high = torch.cuda.Stream.priority_range()[1]
+    with _taken_lock:
+        taken = _taken.setdefault(index, set())
+        for _ in range(_POOL_SIZE):
+            stream = torch.cuda.Stream(device=index, priority=high)
+            if stream.cuda_stream not in taken:
+                taken.add(stream.cuda_stream)
+                return stream, True
+    log.warning("more than %d CUDA graph families on cuda:%d: capture streams (and cuBLAS workspaces) are shared; "
+                "do not replay graphs of different families on different streams at once", _POOL_SIZE, index)
+    return stream, False
 
 
 class GraphFamily:
@@ -46,8 +74,9 @@ class GraphFamily:
         """The stream this family's graphs are captured on (made on first use)."""
         with self._stream_lock:
             if self._stream is None:
-                self._stream = lend_stream(device, high_priority=True)
-                weakref.finalize(self, return_stream, self._stream, True)  # for the next family, once this one is gone
+                self._stream, unique = _unique_capture_stream(device)
+                if unique:  # free it for another family once this one (and its graphs) is gone
+                    weakref.finalize(self, _release, self._stream.device_index, self._stream.cuda_stream)
             return self._stream
 
     @contextlib.contextmanager

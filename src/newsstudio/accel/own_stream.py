@@ -12,10 +12,9 @@ on a pooled side stream that was also the Whisper batcher's own stream; the batc
 own) through the CUDA runtime PyTorch itself loaded, wrapped as a `torch.cuda.ExternalStream`.
 Streams are never destroyed: PyTorch's allocator and cuBLAS keep using a stream's handle after its
 last Python reference is gone (events recorded for blocks used on it, per-stream workspaces), and a
-server that destroyed one crashed later in garbage collection (H100, thirty-second session).
-`lend_stream` / `return_stream` reuse them instead. `capture_stream` is one per device for
-captures made mid-stream, with `capture_lock`: one capture at a time, and no other thread ever
-queues work on it.
+server that destroyed one crashed in garbage collection (H100, thirty-second session; the cause
+is inferred, not proven). `capture_stream` is one per device, with a lock, for graphs captured
+mid-stream: one capture at a time, and no other thread ever queues work on it.
 """
 from __future__ import annotations
 
@@ -27,7 +26,7 @@ import threading
 
 import torch
 
-__all__ = ["capture_stream", "lend_stream", "new_stream", "return_stream"]
+__all__ = ["capture_stream", "new_stream"]
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +82,6 @@ def new_stream(device: torch.device | str, high_priority: bool = False) -> torch
     return torch.cuda.ExternalStream(handle.value, device=torch.device("cuda", index))  # never destroyed (module doc)
 
 
-_free: dict[tuple[int, bool], list[torch.cuda.Stream]] = {}  # returned streams, by (device, high priority)
 _capture: dict[int, tuple[torch.cuda.Stream, threading.Lock]] = {}
 _lock = threading.Lock()
 
@@ -91,22 +89,6 @@ _lock = threading.Lock()
 def _index(device: torch.device | str) -> int:
     device = torch.device(device)
     return device.index if device.index is not None else torch.cuda.current_device()
-
-
-def lend_stream(device: torch.device | str, high_priority: bool = False) -> torch.cuda.Stream:
-    """A stream of our own that no one else holds: a returned one, else a new one."""
-    key = (_index(device), high_priority)
-    with _lock:
-        free = _free.get(key)
-        if free:
-            return free.pop()
-    return new_stream(torch.device("cuda", key[0]), high_priority)
-
-
-def return_stream(stream: torch.cuda.Stream, high_priority: bool = False) -> None:
-    """``stream`` (from `lend_stream`) may be lent again; its holder no longer uses it."""
-    with _lock:
-        _free.setdefault((stream.device_index, high_priority), []).append(stream)
 
 
 def capture_stream(device: torch.device | str) -> tuple[torch.cuda.Stream, threading.Lock]:
