@@ -305,6 +305,27 @@ def test_conditioner_matches_whole_file(tiny):
     assert rel < 0.5  # streamed approximation (audio_features documents the bound)
 
 
+def test_live_feature_step_sets_how_often_frames_come(tiny):
+    """`serve --musetalk-feature-step-ms 200`: a live stream's features come in 200 ms steps (half the
+    Whisper runs of the default 100 ms), and the step must sit on the 20 ms row grid."""
+    wave = _speechlike(1.2, 16000)[0]
+
+    def updates(conditioner) -> int:
+        steps, ready = 0, 0
+        for i in range(0, wave.size, 320):  # 20 ms chunks, as a microphone sends them
+            conditioner.push(wave[i : i + 320])
+            steps += conditioner.ready > ready
+            ready = conditioner.ready
+        return steps
+
+    slow = MuseTalkEngine("cpu", weights="random", feature_step_ms=200, **TINY)
+    assert slow.conditioner(25).update_rows == 10 and tiny.conditioner(25).update_rows == 5
+    default, every_200 = updates(tiny.conditioner(25)), updates(slow.conditioner(25))
+    assert every_200 < default and abs(every_200 * 2 - default) <= 2, (every_200, default)
+    with pytest.raises(ValueError, match="multiple of 20"):
+        MuseTalkEngine("cpu", weights="random", feature_step_ms=50, **TINY)
+
+
 def test_conditioner_exact_frame_times_at_2997(tiny):
     enc = tiny.models.whisper_encoder
     wave = _speechlike(0.5, 16000)[0]

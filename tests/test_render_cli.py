@@ -281,3 +281,18 @@ def test_silent_audio_is_refused_unless_allowed(tmp_path, astronaut_packet, comm
 def test_weights_check_help_says_it_exits_1_when_weights_are_missing():
     r = CliRunner().invoke(app, ["weights", "check", "--help"], terminal_width=200)
     assert "exit status 1 when any is missing" in " ".join(r.output.replace("│", " ").split()), r.output
+
+
+def test_serve_refuses_a_musetalk_feature_step_off_the_whisper_row_grid():
+    r = CliRunner().invoke(app, ["serve", "--musetalk-feature-step-ms", "30", "--port", "1"])
+    assert r.exit_code == 2 and "--musetalk-feature-step-ms must be a multiple of 20 from 20 to 1000, got 30" in r.output, r.output
+
+
+def test_musetalk_feature_step_reaches_musetalk_only():
+    from newsstudio.engines.registry import engine_options
+
+    assert engine_options("musetalk", "random", None, feature_step_ms=200)["feature_step_ms"] == 200
+    assert "feature_step_ms" not in engine_options("musetalk", "random", None)  # the engine's default, 100 ms
+    assert "feature_step_ms" not in engine_options("ditto", "random", None, feature_step_ms=200)
+    with pytest.raises(ValueError, match="multiple of 20"):
+        engine_options("classic", "random", None, feature_step_ms=0)  # checked for every engine: fails early

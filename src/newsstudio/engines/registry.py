@@ -54,7 +54,7 @@ def check_accel(accel: str) -> str:
 def engine_options(name: str, weights: str, models: str | os.PathLike[str] | None, accel: str = "auto",
                    device: str | torch.device | None = None, long_running: bool = False,
                    front_end_tf32: bool | None = None, triton_convs: str = "off",
-                   first_face_row: int | str | None = None) -> dict[str, Any]:
+                   first_face_row: int | str | None = None, feature_step_ms: int | None = None) -> dict[str, Any]:
     """Keyword arguments for `create_engine(name, ...)` from the CLI/server settings.
 
     accel ``"auto"``: the engine's own default (CUDA graphs on CUDA, eager on CPU), except for a
@@ -64,12 +64,16 @@ def engine_options(name: str, weights: str, models: str | os.PathLike[str] | Non
     graphed with TF32 matmuls or not (`DittoEngine`; None: its default, on); MuseTalk's front end
     runs in half precision already. ``triton_convs``: the neural engines' render convolutions on the
     Triton kernel (accel/igemm_conv.py): "off", "half" or "fp8". ``first_face_row``: the face rows MuseTalk's
-    decoder makes (engines/musetalk/face_rows.py: "default"/None, "auto", 0 = the whole face, or a row)."""
+    decoder makes (engines/musetalk/face_rows.py: "default"/None, "auto", 0 = the whole face, or a row).
+    ``feature_step_ms``: how often a live MuseTalk stream re-encodes its speech (None: every 100 ms)."""
     from .musetalk.face_rows import parse_first_face_row
+    from .musetalk.frame_queues import feature_step_rows
 
     check_accel(accel)
     check_triton_convs(triton_convs)
     rows = parse_first_face_row(first_face_row)  # checked for every engine: a typo fails early
+    if feature_step_ms is not None:
+        feature_step_rows(feature_step_ms)
     if name == "classic":
         return {}
     kw: dict[str, Any] = {"weights": weights, "models": models}
@@ -83,6 +87,8 @@ def engine_options(name: str, weights: str, models: str | os.PathLike[str] | Non
         kw["triton_convs"] = triton_convs
     if rows is not None and name == "musetalk":
         kw["first_face_row"] = rows
+    if feature_step_ms is not None and name == "musetalk":
+        kw["feature_step_ms"] = int(feature_step_ms)
     return kw
 
 

@@ -10,6 +10,7 @@ import torch
 from ..engines.base import Engine
 from ..engines.batching import Batcher, RenderBatcher, check_compose
 from ..engines.musetalk.face_rows import parse_first_face_row
+from ..engines.musetalk.frame_queues import feature_step_rows
 from ..engines.registry import ENGINES, check_accel, check_triton_convs, create_engine, default_engine, engine_options
 
 log = logging.getLogger(__name__)
@@ -23,8 +24,12 @@ class EnginePool:
     def __init__(self, default: str, device: torch.device, weights: str, models: Any, accel: str = "auto",
                  batch_sessions: bool = True, front_end_streams: bool = True, render_in_flight: int = 0,
                  stall_s: float | None = None, front_end_tf32: bool = True, compose: str = "stream",
-                 triton_convs: str = "off", fill_render_batches: bool = False, first_face_row: int | str | None = None):
+                 triton_convs: str = "off", fill_render_batches: bool = False, first_face_row: int | str | None = None,
+                 feature_step_ms: int | None = None):
         self.device = device
+        self.feature_step_ms = feature_step_ms  # MuseTalk's live Whisper step (None: its default)
+        if feature_step_ms is not None:
+            feature_step_rows(feature_step_ms)  # checked before any session
         self.first_face_row = parse_first_face_row(first_face_row)  # before any session
         self.fill_render_batches = fill_render_batches
         self.compose = check_compose(compose)  # ServerConfig.compose (checked before any session): the render batchers' mode
@@ -69,7 +74,7 @@ class EnginePool:
                 raise EngineUnavailable(self._errors[name])
             kw = engine_options(name, self.weights, self.models, self.accel, self.device, long_running=True,
                                 front_end_tf32=self.front_end_tf32, triton_convs=self.triton_convs,
-                                first_face_row=self.first_face_row)
+                                first_face_row=self.first_face_row, feature_step_ms=self.feature_step_ms)
             try:
                 eng = create_engine(name, device=self.device, **kw)
                 spent = eng.warm_up()  # compile/capture now, not in the first session

@@ -93,6 +93,10 @@ class ServerConfig:
     engines/musetalk/face_rows.py): None/"default" ("auto" on CUDA with a compile mode: rows 104-255
     where the avatar's blend allows, +25 % frames/s on an H100, an approximation at 36.9 dB over the
     blended pixels with seeded weights; the whole face elsewhere), "auto", 0 (the whole face) or a row."""
+    musetalk_feature_step_ms: int | None = None
+    """How often a live MuseTalk stream re-encodes its speech with Whisper (a multiple of 20 ms; None:
+    every 100 ms). 200 ms halves the encoder's runs at up to 100 ms more wait for a frame's features:
+    the setting of the 16- and 20-stream runs on an H100 (benchmarks/RESULTS.md, thirty-second session)."""
     batch_stall_s: float | None = None
     """A shared batch running longer than this is a stall: the sessions waiting on it end with an
     error instead of falling silent, and /health answers 503 naming the batcher (so a supervisor
@@ -218,7 +222,8 @@ class ServerState:
         stall_s = cfg.batch_stall_s if cfg.batch_stall_s is not None else (60.0 if self.device.type == "cuda" else None)
         self.engines = EnginePool(cfg.engine, self.device, cfg.weights, cfg.models, cfg.accel, cfg.batch_sessions,
                                   cfg.front_end_streams, cfg.render_in_flight, stall_s, cfg.front_end_tf32,
-                                  cfg.compose, cfg.triton_convs, cfg.fill_render_batches, cfg.first_face_row)
+                                  cfg.compose, cfg.triton_convs, cfg.fill_render_batches, cfg.first_face_row,
+                                  cfg.musetalk_feature_step_ms)
         budget = RenderBudget.parse(cfg.max_render_fps, ENGINES) if cfg.max_render_fps is not None else None
         self.sessions = SessionManager(cfg.max_sessions, budget)
         self._sessions_phased = 0  # render phases handed out (spread_render_phases)

@@ -47,7 +47,7 @@ from ..batching import TensorBatcher
 from ..model_cache import ModelCache
 from .audio_features import SAMPLE_RATE, PositionalEncoding, audio_prompts, encoder_hidden_states, log_mel
 from .batch_graphs import BatchGraphs
-from .frame_queues import MuseTalkConditioner
+from .frame_queues import MuseTalkConditioner, feature_step_rows
 from .face_rows import resolve_face_rows, store_upper_stats, stored_upper_stats
 from .lower_face_decoder import LowerFaceDecoder
 from .prebake import (PrebakeOptions, box_grid_axes, first_blended_face_rows, grid_from_axes, prebake_mismatch,
@@ -205,6 +205,7 @@ class MuseTalkEngine(Engine):
         first_face_row: int | str | None = None,
         static_shapes: str | None = None,
         batch_graphs: bool | None = None,
+        feature_step_ms: int | None = None,
         unet_config: dict[str, Any] | None = None,
         vae_config: dict[str, Any] | None = None,
     ):
@@ -253,6 +254,8 @@ class MuseTalkEngine(Engine):
         self.triton_convs, self._vae_decoder = with_triton_convs(
             self._vae_decoder, triton_convs, device, copied=self.conv_rewrites or self.nhwc_norms,
             fp8_convs=fp8_safe_decoder_conv)
+        # a live stream's Whisper update step (frame_queues.py; None: LIVE_UPDATE_ROWS, read per conditioner)
+        self.live_update_rows = None if feature_step_ms is None else feature_step_rows(int(feature_step_ms))
         self.face_rows = resolve_face_rows(first_face_row, device.type, self.accel)
         self._lower_decoder = LowerFaceDecoder(self._vae_decoder, self.face_rows.first_row) if self.face_rows.first_row else None
         # UNet + decode run as one static-shape callable per batch bucket: CUDA graphs remove the
@@ -433,7 +436,8 @@ class MuseTalkEngine(Engine):
 
     # -- stages -----------------------------------------------------------------------------
     def conditioner(self, fps: float) -> FrameQueue:
-        return MuseTalkConditioner(self.models.whisper_encoder, fps, self.sample_rate, states_fn=self.whisper_states)
+        return MuseTalkConditioner(self.models.whisper_encoder, fps, self.sample_rate, states_fn=self.whisper_states,
+                                   update_rows=self.live_update_rows)
 
     def whisper_states(self, mel: torch.Tensor) -> torch.Tensor:
         """Whisper hidden states of log-mel pieces: graphed when it can be, through the streams'

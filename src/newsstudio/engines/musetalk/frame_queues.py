@@ -16,7 +16,15 @@ from .audio_features import SAMPLE_RATE, StatesFn, StreamingAudioFeatures
 
 PROMPT_ROWS = 10  # 20 ms encoder rows per frame window (+-2 frames at 25 fps)
 
-LIVE_UPDATE_ROWS = 5  # 20 ms Whisper rows per live feature update
+LIVE_UPDATE_ROWS = 5  # 20 ms Whisper rows per live feature update (the default step: 100 ms)
+ROW_MS = 20  # one Whisper encoder row
+
+
+def feature_step_rows(step_ms: int) -> int:
+    """A live feature step in milliseconds as Whisper rows: a multiple of 20 ms from 20 to 1000."""
+    if step_ms % ROW_MS or not ROW_MS <= step_ms <= 1000:
+        raise ValueError(f"musetalk-feature-step-ms must be a multiple of {ROW_MS} from {ROW_MS} to 1000, got {step_ms}")
+    return step_ms // ROW_MS
 
 
 class MuseTalkConditioner(QueuedStage):
@@ -31,7 +39,7 @@ class MuseTalkConditioner(QueuedStage):
     """
 
     def __init__(self, encoder: torch.nn.Module, fps: float | Fraction, sample_rate: int = SAMPLE_RATE,
-                 states_fn: StatesFn | None = None):
+                 states_fn: StatesFn | None = None, update_rows: int | None = None):
         if sample_rate != SAMPLE_RATE:
             raise ValueError(f"MuseTalk's Whisper features need {SAMPLE_RATE} Hz audio, got {sample_rate}")
         self.fps = as_fraction(fps)
@@ -41,9 +49,10 @@ class MuseTalkConditioner(QueuedStage):
             self._m = Fraction(50) / self.fps
         pad_left = 2 * math.ceil(self._m)
         # Each update re-encodes the partial 30 s piece (~6 ms on an H200): batch live updates to
-        # LIVE_UPDATE_ROWS rows (100 ms) so a live stream costs ~10 encoder runs/s, not 50.
+        # ``update_rows`` rows (LIVE_UPDATE_ROWS: 100 ms) so a live stream costs ~10 encoder runs/s, not 50.
+        self.update_rows = LIVE_UPDATE_ROWS if update_rows is None else int(update_rows)
         self.extractor = StreamingAudioFeatures(encoder, 50, left=pad_left, right=PROMPT_ROWS // 2 - 1 - pad_left,
-                                                min_frames_per_update=LIVE_UPDATE_ROWS, states_fn=states_fn)
+                                                min_frames_per_update=self.update_rows, states_fn=states_fn)
         if self.extractor.windowing.length != PROMPT_ROWS or self.extractor.windowing.pad_left != pad_left:
             raise RuntimeError("unexpected window geometry from StreamingAudioFeatures")
         p = next(encoder.parameters())
