@@ -747,7 +747,6 @@ def test_live_h264_streams_share_the_cores_instead_of_taking_x264s_default_each(
     """A server gives each live H.264 stream cores / max_sessions x264 threads (at least one): x264's
     own default, 1.5 threads per core per stream, would put hundreds of threads on a many-session
     server. One thread means x264 starts none of its own (checked in a fresh process)."""
-    import os
     import subprocess
     import sys
 
@@ -769,6 +768,17 @@ def test_live_h264_streams_share_the_cores_instead_of_taking_x264s_default_each(
         cfg = ServerConfig(engine="classic", device="cpu", max_sessions=max_sessions, warm=False,
                            avatars=tmp_path / "avatars", clips=tmp_path / "clips")
         assert create_app(cfg).state.ns.h264_threads == max(1, usable_cpus() // max_sessions)
+
+
+def test_serve_batch_graphs_applies_to_every_engine_the_server_loads(tmp_path):
+    """`serve --batch-graphs`: MuseTalk's batch graphs on for engines loaded at start-up or later; the
+    default leaves each engine's own (off)."""
+    def pool(**kw):
+        cfg = ServerConfig(engine="classic", device="cpu", warm=False, avatars=tmp_path / "avatars", clips=tmp_path / "clips", **kw)
+        return create_app(cfg).state.ns.engines
+
+    assert pool(batch_graphs=True).batch_graphs_on is True
+    assert pool().batch_graphs_on is None
 
 
 def test_h264_encoder_closed_while_a_frame_is_encoded_does_not_take_the_server_down():

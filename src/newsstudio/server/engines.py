@@ -84,7 +84,7 @@ class EnginePool:
                 self._errors[name] = f"engine {name!r} is not available on this server: {type(e).__name__}: {e}"
                 raise EngineUnavailable(self._errors[name]) from e
             graphs = getattr(eng, "batch_graphs", None)
-            if self._batch_graphs_on is not None and graphs is not None:  # a benchmark's setting made before this engine loaded
+            if self._batch_graphs_on is not None and graphs is not None:  # `serve --batch-graphs` or a benchmark, set before this engine loaded
                 graphs.enabled = self._batch_graphs_on
             self._engines[name] = eng
             return name, eng
@@ -136,6 +136,11 @@ class EnginePool:
         self._batch_graphs_on = bool(on)
         for graphs in self._batch_graphs():
             graphs.enabled = self._batch_graphs_on
+
+    @property
+    def batch_graphs_on(self) -> bool | None:
+        """`set_batch_graphs`' setting, applied to every engine loaded (None: each engine's default)."""
+        return self._batch_graphs_on
 
     def _batch_graphs(self) -> list:
         """The loaded engines' `BatchGraphs` (engines without that path have none)."""
