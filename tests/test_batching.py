@@ -559,6 +559,27 @@ def test_own_stream_batcher_hands_over_finished_outputs_that_the_callers_stream_
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_batchers_long_lived_streams_are_none_of_pytorchs_pooled_streams():
+    """A batcher's own stream and the live sessions' compose stream live as long as the server, while
+    an engine loaded later captures its graphs on pooled streams (graph families, Inductor): were
+    ours pooled, the same CUDA stream could be both, and the sessions' work would break the capture."""
+    from newsstudio.engines.classic.engine import ClassicEngine
+
+    high = torch.cuda.Stream.priority_range()[1]
+    pooled = {torch.cuda.Stream(priority=p).cuda_stream for p in (0, high) for _ in range(64)}
+    b = TensorBatcher(_slow_rows(), max_rows=16, device="cuda", own_stream=True)
+    render = RenderBatcher(ClassicEngine("cuda"), autostart=False)
+    try:
+        with torch.inference_mode():
+            b(torch.randn(4, 512, device="cuda"))
+        ours = {b._stream.cuda_stream, render.compose_stream().cuda_stream}
+        assert len(ours) == 2 and not ours & pooled
+    finally:
+        b.close()
+        render.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_batcher_switched_between_its_own_stream_and_the_shared_one_keeps_every_result():
     """A server switching its front-end batchers between levels: requests queued before the switch
     (no event to wait on) and after it end up in one batch, which must still see finished inputs;

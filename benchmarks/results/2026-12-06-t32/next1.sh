@@ -5,7 +5,7 @@
 # never ran after the fix (calls 5-6: a segfault with destroyed streams, then a cold compile past the time limit).
 . .carry/setup.sh; set -o pipefail; export PATH=/tmp/site/bin:$PATH
 grep -m1 "model name" /proc/cpuinfo; nproc; grep -m3 "MHz" /proc/cpuinfo | tr '\n' ' '; echo; cat /proc/loadavg
-timeout 60 python -m pytest -q tests/test_accel.py -k "capture or graph_family or two_streams" -p no:cacheprovider 2>&1 | tail -2
+timeout 120 python -m pytest -q tests/test_accel.py tests/test_batching.py -k "capture or graph_family or two_streams or pooled or own_stream or switched" -p no:cacheprovider 2>&1 | tail -3
 timeout 150 python -m benchmarks.batch_dispatch --accel cudagraph --busy-threads 16 --batches 20 \
   --json $OUT/batch_dispatch.json 2>&1 | grep -v Warn | grep "bytes\|DIFF\|busy" | tail -14
 echo "checks done at $SECONDS s"

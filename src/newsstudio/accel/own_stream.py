@@ -1,4 +1,5 @@
-"""CUDA streams of our own, outside PyTorch's stream pool, for capturing graphs while a server runs.
+"""CUDA streams of our own, outside PyTorch's stream pool: for graphs captured while a server runs, and
+for the server's long-lived streams, which such a capture must not share.
 
 Why: `torch.cuda.Stream()` hands out one of 32 pooled streams per priority, round robin, so two
 unrelated callers can hold the same CUDA stream without knowing it. That only costs a false
@@ -13,8 +14,11 @@ own) through the CUDA runtime PyTorch itself loaded, wrapped as a `torch.cuda.Ex
 Streams are never destroyed: PyTorch's allocator and cuBLAS keep using a stream's handle after its
 last Python reference is gone (events recorded for blocks used on it, per-stream workspaces), and a
 server that destroyed one crashed in garbage collection (H100, thirty-second session; the cause
-is inferred, not proven). `capture_stream` is one per device, with a lock, for graphs captured
-mid-stream: one capture at a time, and no other thread ever queues work on it.
+is inferred, not proven), so only long-lived holders take one: the shared batchers' own streams
+and the live sessions' compose stream (engines/batching.py), while graph families and Inductor
+capture on pooled ones (an engine loaded while sessions stream). `capture_stream` is one per
+device, with a lock, for graphs captured mid-stream: one capture at a time, and no other thread
+ever queues work on it.
 """
 from __future__ import annotations
 
@@ -67,8 +71,8 @@ def new_stream(device: torch.device | str, high_priority: bool = False) -> torch
     index = _index(device)
     lib = _cudart()
     if lib is None:
-        log.warning("no CUDA runtime library found: graphs captured mid-stream use PyTorch's pooled streams, "
-                    "which another thread may also be using")
+        log.warning("no CUDA runtime library found: streams that must be no one else's come from PyTorch's pool, "
+                    "where another thread may hold the same one")
         priority = torch.cuda.Stream.priority_range()[1] if high_priority else 0
         return torch.cuda.Stream(device=index, priority=priority)
     with torch.cuda.device(index):  # the runtime makes the stream on its current device

@@ -70,6 +70,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
+from ..accel.own_stream import new_stream
 from ..accel.static import _tree_map
 from .base import AvatarLayer, Engine
 
@@ -376,8 +377,8 @@ class Batcher(Generic[T, R]):
 
     def _run_on_own_stream(self, items: list[T], batch: list[_Request[T]]) -> list[R]:
         """`run_many` on this worker's CUDA stream, handed over finished (see the module doc)."""
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(device=self.device)
+        if self._stream is None:  # not a pooled stream: an engine loaded meanwhile may capture graphs on one
+            self._stream = new_stream(self.device)
         own = self._stream
         for r in batch:  # the inputs were made on the callers' streams (other work queued there since is not waited for)
             own.wait_event(r.ready)
@@ -435,8 +436,8 @@ class RenderBatcher(Batcher[tuple[AvatarLayer, torch.Tensor, torch.Tensor], torc
         """The CUDA stream sessions compose on in "stream" mode: one for all of them (their splices
         are small and in order), at the highest priority so its kernels go ahead of a batch's."""
         with self._start_lock:
-            if self._compose_stream is None:
-                self._compose_stream = torch.cuda.Stream(device=self.device, priority=torch.cuda.Stream.priority_range()[1])
+            if self._compose_stream is None:  # not from the high-priority pool, whose streams graph families capture on
+                self._compose_stream = new_stream(self.device, high_priority=True)
             return self._compose_stream
 
     def render_for_stream(self, stream: torch.cuda.Stream, layer: AvatarLayer, driving: torch.Tensor,
