@@ -770,15 +770,25 @@ def test_live_h264_streams_share_the_cores_instead_of_taking_x264s_default_each(
         assert create_app(cfg).state.ns.h264_threads == max(1, usable_cpus() // max_sessions)
 
 
-def test_serve_batch_graphs_applies_to_every_engine_the_server_loads(tmp_path):
-    """`serve --batch-graphs`: MuseTalk's batch graphs on for engines loaded at start-up or later; the
-    default leaves each engine's own (off)."""
+def test_serve_graph_switches_apply_to_every_engine_and_batcher_the_server_makes(tmp_path):
+    """`serve --[no-]batch-graphs` / `--[no-]compose-graphs`: forced on or off for engines and render
+    batchers made at start-up or later; by default each keeps its own (on only where the engine replays
+    CUDA graphs, so off for this CPU server)."""
     def pool(**kw):
         cfg = ServerConfig(engine="classic", device="cpu", warm=False, avatars=tmp_path / "avatars", clips=tmp_path / "clips", **kw)
         return create_app(cfg).state.ns.engines
 
     assert pool(batch_graphs=True).batch_graphs_on is True
+    assert pool(batch_graphs=False).batch_graphs_on is False
     assert pool().batch_graphs_on is None
+    for forced, expected in ((None, False), (True, True), (False, False)):
+        engines = pool(compose_graphs=forced)
+        assert engines.compose_graphs() is forced  # no render batcher yet: the setting to come
+        name, _ = engines.get("classic")
+        batcher = engines.render_batcher(name)
+        assert batcher is not None and batcher.compose_graphs is expected
+        assert engines.compose_graphs() is expected
+        engines.close()
 
 
 def test_h264_encoder_closed_while_a_frame_is_encoded_does_not_take_the_server_down():

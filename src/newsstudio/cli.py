@@ -418,11 +418,15 @@ def serve(
     fill_render_batches: bool = typer.Option(False, "--fill-render-batches/--no-fill-render-batches",
                                              help="Under load, split a live render request to fill the shared batch "
                                              "up to the CUDA-graph bucket it runs as (its other frames come one batch "
-                                             "later); not yet measured on a GPU."),
-    batch_graphs: bool = typer.Option(False, "--batch-graphs/--no-batch-graphs",
-                                      help="MuseTalk: render one-avatar batches through CUDA graphs of their own (the "
-                                      "same bytes in ~10 torch calls instead of ~50: for hosts whose Python threads "
-                                      "are slow; see benchmarks/RESULTS.md, thirty-second session)."),
+                                             "later): part of the 16-stream settings (benchmarks/RESULTS.md)."),
+    batch_graphs: Optional[bool] = typer.Option(
+        None, "--batch-graphs/--no-batch-graphs",
+        help="MuseTalk: render one-avatar batches through CUDA graphs of their own (the same bytes in ~10 torch "
+        "calls instead of ~50). Default: on where the engine replays CUDA graphs (CUDA with a graph --accel)."),
+    compose_graphs: Optional[bool] = typer.Option(
+        None, "--compose-graphs/--no-compose-graphs",
+        help="Live sessions splice and copy out their frames through CUDA graphs of their own (the same bytes in "
+        "~7 torch calls instead of ~36). Default: on where the engine replays CUDA graphs."),
     musetalk_feature_step_ms: Optional[int] = typer.Option(
         None, help="How often a live MuseTalk stream re-encodes its speech (multiple of 20 ms; default 100). 200 "
         "halves the Whisper runs at up to 100 ms more wait for features: the 16- and 20-stream H100 runs' setting."),
@@ -465,7 +469,8 @@ def serve(
                        render_in_flight=render_in_flight, render_lead_s=render_lead_ms / 1000, compose=compose,
                        spread_render_phases=spread_render_phases, max_render_fps=max_render_fps,
                        fill_render_batches=fill_render_batches, first_face_row=first_face_row,
-                       musetalk_feature_step_ms=musetalk_feature_step_ms, batch_graphs=batch_graphs)
+                       musetalk_feature_step_ms=musetalk_feature_step_ms, batch_graphs=batch_graphs,
+                       compose_graphs=compose_graphs)
     uvicorn.Server(uvicorn_config(create_app(cfg), host=host, port=port, log_level="info")).run()
 
 

@@ -49,7 +49,7 @@ class EnginePool:
             raise ValueError(f"unknown engine {default!r}; choose one of {', '.join(ENGINES)} or 'auto'")
         self._engines: dict[str, Engine] = {}
         self._batch_graphs_on: bool | None = None  # set_batch_graphs (benchmarks); None: each engine's default
-        self._compose_graphs_on = False  # set_compose_graphs (benchmarks)
+        self._compose_graphs_on: bool | None = None  # set_compose_graphs; None: each render batcher's default
         self._errors: dict[str, str] = {}
         self._locks = {name: threading.Lock() for name in ENGINES}
 
@@ -106,7 +106,8 @@ class EnginePool:
             if b is None:
                 b = self._batchers[name] = RenderBatcher(eng, max_in_flight=self.render_in_flight, compose=self.compose,
                                                              fill_buckets=self.fill_render_batches)
-                b.compose_graphs = self._compose_graphs_on
+                if self._compose_graphs_on is not None:  # `serve --[no-]compose-graphs` or a benchmark
+                    b.compose_graphs = self._compose_graphs_on
                 b.stall_s = self.stall_s
                 for stage, shared in eng.use_stream_batchers(own_streams=self.front_end_streams).items():  # audio encoders, Ditto's LMDM windows
                     self._batchers[f"{name}/{stage}"] = shared
@@ -148,15 +149,18 @@ class EnginePool:
 
     def set_compose_graphs(self, on: bool) -> None:
         """Whether live sessions compose through their CUDA graphs (compose/session_graphs.py) from
-        their next request: the render batchers' ``compose_graphs`` (benchmarks compare the two)."""
+        their next request: the render batchers' ``compose_graphs``, those running and those made
+        later (`serve --[no-]compose-graphs`; benchmarks compare the two)."""
         self._compose_graphs_on = bool(on)
         for b in list(self._batchers.values()):
             if isinstance(b, RenderBatcher):
                 b.compose_graphs = self._compose_graphs_on
 
-    def compose_graphs(self) -> bool:
-        """Whether live sessions compose through their CUDA graphs (`set_compose_graphs`)."""
-        return self._compose_graphs_on
+    def compose_graphs(self) -> bool | None:
+        """Whether live sessions compose through their CUDA graphs: the running render batchers'
+        setting, else `set_compose_graphs`' (None: neither yet, each batcher's default to come)."""
+        batchers = [b for b in list(self._batchers.values()) if isinstance(b, RenderBatcher)]
+        return any(b.compose_graphs for b in batchers) if batchers else self._compose_graphs_on
 
     def batch_graphs(self) -> bool | None:
         """Whether a loaded engine's batches take the graph path (None: no loaded engine has one)."""

@@ -93,11 +93,15 @@ class ServerConfig:
     engines/musetalk/face_rows.py): None/"default" ("auto" on CUDA with a compile mode: rows 104-255
     where the avatar's blend allows, +25 % frames/s on an H100, an approximation at 36.9 dB over the
     blended pixels with seeded weights; the whole face elsewhere), "auto", 0 (the whole face) or a row."""
-    batch_graphs: bool = False
+    batch_graphs: bool | None = None
     """MuseTalk's one-avatar render batches through CUDA graphs of their own (engines/musetalk/batch_graphs.py):
-    the same bytes in ~10 torch calls instead of ~50, for hosts whose Python threads are slow (each torch
-    call waits for the GIL: on one H100 host 16 sessions got 0-2 of 16 on time on the general path; on
-    another 16 of 16 either way, the render thread 3-4x less busy with them). Off until measured to pay."""
+    the same bytes in ~10 torch calls instead of ~50 (each torch call waits for the GIL under many live
+    sessions). None: the engine's default, on where it replays CUDA graphs (20 sessions on an H100: 20 and
+    18 of 20 on time with them, 16 of 20 without; thirty-third session); True/False force it."""
+    compose_graphs: bool | None = None
+    """Live sessions' splice and copy-out through CUDA graphs of their own (compose/session_graphs.py): the
+    same bytes in ~7 torch calls instead of ~36. None: on where the engine replays CUDA graphs; True/False
+    force it."""
     musetalk_feature_step_ms: int | None = None
     """How often a live MuseTalk stream re-encodes its speech with Whisper (a multiple of 20 ms; None:
     every 100 ms). 200 ms halves the encoder's runs at up to 100 ms more wait for a frame's features:
@@ -229,8 +233,10 @@ class ServerState:
                                   cfg.front_end_streams, cfg.render_in_flight, stall_s, cfg.front_end_tf32,
                                   cfg.compose, cfg.triton_convs, cfg.fill_render_batches, cfg.first_face_row,
                                   cfg.musetalk_feature_step_ms)
-        if cfg.batch_graphs:
-            self.engines.set_batch_graphs(True)  # engines loaded from now on too
+        if cfg.batch_graphs is not None:
+            self.engines.set_batch_graphs(cfg.batch_graphs)  # engines loaded from now on too
+        if cfg.compose_graphs is not None:
+            self.engines.set_compose_graphs(cfg.compose_graphs)
         budget = RenderBudget.parse(cfg.max_render_fps, ENGINES) if cfg.max_render_fps is not None else None
         self.sessions = SessionManager(cfg.max_sessions, budget)
         self._sessions_phased = 0  # render phases handed out (spread_render_phases)

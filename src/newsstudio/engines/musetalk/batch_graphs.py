@@ -27,8 +27,11 @@ Measured (H100, thirty-first session, benchmarks/RESULTS.md): dispatching a batc
 beside 16 threads that keep calling torch took 3.4-3.5 ms instead of 10.7-20.3 ms; in one live level
 of 16 MuseTalk sessions the render thread's busy share fell to 0.37 from 0.84-0.89, but its batches
 came out smaller (19 frames instead of 27: it no longer waits long enough for requests to pile up),
-and the level did not carry 16 sessions. Off by default (`MuseTalkEngine`'s ``batch_graphs``) until
-the live pairing with one batch in flight (``render_in_flight=1``) is measured.
+and the level did not carry 16 sessions (render batches not filled to their buckets). With the
+batches filled (``fill_render_batches``), 16 of 16 were on time in every level with or without them
+(thirty-second and thirty-third sessions, another H100); at 20 sessions they decided it: 20 and 18
+of 20 with them, 16 of 20 without. On by default where the face runner replays CUDA graphs
+(`MuseTalkEngine`'s ``batch_graphs``).
 """
 from __future__ import annotations
 

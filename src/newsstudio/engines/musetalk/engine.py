@@ -166,10 +166,11 @@ class MuseTalkEngine(Engine):
     ``batch_graphs``: a render batch of one avatar gathered and resized by CUDA graphs of its own
     around the face runner's (batch_graphs.py: ~10 torch calls per batch instead of ~50, each a GIL
     hand-off under many live sessions; the same bytes, and 3.4 instead of 10.7-20.3 ms to dispatch a
-    batch beside 16 busy threads on an H100). ``True``: on; ``None`` (default): built where the face
-    runner replays CUDA graphs but off (``engine.batch_graphs.enabled``) until its effect on live
-    streams is measured (it makes the render thread quicker, so its batches come out smaller);
-    ``False``: not built.
+    batch beside 16 busy threads on an H100). ``None`` (default): built and on where the face runner
+    replays CUDA graphs (a switch: ``engine.batch_graphs.enabled``); ``True``: built and on everywhere
+    (eager off CUDA); ``False``: not built. On by default since the thirty-third session: 20 live
+    sessions on an H100 got 20 and 18 of 20 on time with them (render thread busy 0.15-0.16 of each
+    second), 16 of 20 without (0.52; benchmarks/RESULTS.md).
     """
 
     name = "musetalk"
@@ -270,7 +271,7 @@ class MuseTalkEngine(Engine):
                                                   static_sizes=self.static_buckets)
                                    if self._lower_decoder is not None else None)
         graphs_here = self.accel in GRAPH_MODES and device.type == "cuda"
-        self.batch_graphs = (BatchGraphs(device, use_graphs=graphs_here, enabled=batch_graphs is True)
+        self.batch_graphs = (BatchGraphs(device, use_graphs=graphs_here, enabled=batch_graphs is not False)
                              if batch_graphs is not False and (graphs_here or batch_graphs) else None)
         # Whisper over whole 30 s pieces (1-4 per call): a fixed shape, ~100 small kernels per run.
         self._whisper_runner = BucketedRunner(partial(encoder_hidden_states, self.models.whisper_encoder),
