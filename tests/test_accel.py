@@ -224,7 +224,7 @@ def test_static_buckets_default_to_the_largest_on_cuda_with_a_compile_mode():
     assert static_buckets(None, buckets, "cpu", "compile+cudagraph") == ()
     assert static_buckets("all", buckets, "cpu", "eager") == buckets
     assert static_buckets("none", buckets, "cuda", "compile") == ()
-    with pytest.raises(ValueError, match="static_shapes must be one of"):
+    with pytest.raises(ValueError, match="static-shapes must be one of"):
         static_buckets("some", buckets, "cuda", "compile")
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from benchmarks.gpu_timeline import summarize_trace
+from benchmarks.load_summary import level_line
 
 
 def _x(cat: str, name: str, ts: float, dur: float, stream: int | None = None) -> dict:
@@ -110,6 +111,8 @@ def test_the_load_test_sweeps_server_settings_on_one_running_server(tmp_path):
         # the GIL probe woke every ~2 ms of the level in the server's process; the classic engine has no batch graphs
         assert r["gil_wakes"] > 200 and 0 <= r["gil_wait_p50_ms"] <= r["gil_wait_p95_ms"] <= r["gil_wait_max_ms"], r
         assert r["batch_graphs"] is None and r["compose_graphs"] is True  # switched on (used on CUDA only)
+        line = level_line(r)  # what the results scripts print per level
+        assert f"on time {r['sustained']} of {r['sessions']}" in line and "compose graphs True" in line, line
         # the server's threads' CPU over the level, by thread group: its live sessions' threads worked
         assert any(k.startswith("newsstudio-") and v > 0 for k, v in r["thread_cpu"].items()), r["thread_cpu"]
     # a session counts as sustained only if it spoke: asking for more speech than any session can have

@@ -288,6 +288,22 @@ def test_serve_refuses_a_musetalk_feature_step_off_the_whisper_row_grid():
     assert r.exit_code == 2 and "--musetalk-feature-step-ms must be a multiple of 20 from 20 to 1000, got 30" in r.output, r.output
 
 
+def test_static_shapes_reach_musetalk_only_and_a_typo_fails_before_anything_renders(tmp_path, astronaut_packet, media):
+    from newsstudio.engines.registry import engine_options
+
+    assert engine_options("musetalk", "random", None, static_shapes="none")["static_shapes"] == "none"
+    assert "static_shapes" not in engine_options("musetalk", "random", None, static_shapes="default")  # its own default
+    assert "static_shapes" not in engine_options("ditto", "random", None, static_shapes="all")
+    r = CliRunner().invoke(app, ["serve", "--static-shapes", "larges", "--port", "1"])
+    assert r.exit_code == 2 and "--static-shapes must be one of default, none, largest, all, got 'larges'" in r.output, r.output
+    out = tmp_path / "x.mp4"
+    r = CliRunner().invoke(app, ["render", "--avatar", str(astronaut_packet.path), "--audio", str(media("speech.wav")),
+                                 "--device", "cpu", "--engine", "musetalk", "--weights", "random", "--static-shapes",
+                                 "everything", "-o", str(out)])
+    assert_user_error(r, "static-shapes must be one of default, none, largest, all, got 'everything'")
+    assert not out.exists()
+
+
 def test_musetalk_feature_step_reaches_musetalk_only():
     from newsstudio.engines.registry import engine_options
 

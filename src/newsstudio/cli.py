@@ -184,6 +184,10 @@ FirstFaceRowOpt = typer.Option("default", help="MuseTalk: the face rows its VAE 
                                "(+25 % frames/s on an H100; an approximation, 36.9 dB over the blended pixels with seeded "
                                "weights), the whole face for an avatar whose blend reaches higher; 0: the whole face; R: rows "
                                "R-255, refusing an avatar whose blend reaches higher.")
+StaticShapesOpt = typer.Option("default", help="MuseTalk with a compile --accel: which render batch sizes compile at "
+                                "their own static size. default: largest on CUDA (batch 32: 639.7 instead of 590.8 "
+                                "frames/s on an H100, ~50 s more compilation on a cold cache), none elsewhere; none: one "
+                                "dynamic-batch compilation (quickest start); largest; all (six compilations).")
 AccelOpt = typer.Option("auto", help="How neural networks run on CUDA: auto (render: cudagraph; serve: compile+cudagraph), "
                         "eager, cudagraph, compile, compile+cudagraph (about 2x faster; compiles ~1.5 min once, cached on disk).")
 
@@ -216,12 +220,13 @@ def _load_speech(audio: str, allow_silence: bool) -> Audio:
 
 
 def _engine(engine: str, device: torch.device, weights: str, models: Optional[Path], accel: str = "auto",
-            triton_convs: str = "off", first_face_row: str = "default"):
+            triton_convs: str = "off", first_face_row: str = "default", static_shapes: str = "default"):
     """The engine the options name (raises ValueError / FileNotFoundError: run it in _user_errors)."""
     from .engines.registry import create_engine, default_engine, engine_options
 
     name = default_engine(models) if engine == "auto" else engine
-    kw = engine_options(name, weights, models, accel, device, triton_convs=triton_convs, first_face_row=first_face_row)
+    kw = engine_options(name, weights, models, accel, device, triton_convs=triton_convs, first_face_row=first_face_row,
+                        static_shapes=static_shapes)
     eng = create_engine(name, device=device, **kw)
     if eng.random_weights:
         typer.secho("WARNING: rendering with SEEDED RANDOM WEIGHTS (benchmark mode); the video is marked and is not a real model's output.", fg=typer.colors.YELLOW, err=True)
@@ -249,6 +254,7 @@ def render(
     accel: str = AccelOpt,
     triton_convs: str = TritonConvsOpt,
     first_face_row: str = FirstFaceRowOpt,
+    static_shapes: str = StaticShapesOpt,
     allow_silence: bool = AllowSilenceOpt,
 ) -> None:
     """Render a lip-synced MP4 (H.264 + AAC) of the avatar speaking the audio."""
@@ -272,7 +278,7 @@ def render(
         sound = _load_speech(audio, allow_silence)
         packet = resolve_avatar(avatar, avatars, size=_size(size))
         t_avatar = time.perf_counter()
-        eng = _engine(engine, dev, weights, models, accel, triton_convs, first_face_row)
+        eng = _engine(engine, dev, weights, models, accel, triton_convs, first_face_row, static_shapes)
         t_engine = time.perf_counter()
         w, h = packet.size
         total = frames_for_samples(sound.num_samples, sound.sample_rate, rate)  # what the stream will make
@@ -314,6 +320,7 @@ def stream(
     accel: str = AccelOpt,
     triton_convs: str = TritonConvsOpt,
     first_face_row: str = FirstFaceRowOpt,
+    static_shapes: str = StaticShapesOpt,
     allow_silence: bool = AllowSilenceOpt,
 ) -> None:
     """Run the streaming generator and print per-chunk timing (time to first frame, fps)."""
@@ -326,7 +333,7 @@ def stream(
         dev = check_device(device)
         sound = _load_speech(audio, allow_silence)
         packet = resolve_avatar(avatar, avatars)
-        eng = _engine(engine, dev, weights, models, accel, triton_convs, first_face_row)
+        eng = _engine(engine, dev, weights, models, accel, triton_convs, first_face_row, static_shapes)
         src = _paced(sound) if live else sound
         t0 = time.perf_counter()
         n = 0
@@ -392,6 +399,7 @@ def serve(
     accel: str = AccelOpt,
     triton_convs: str = TritonConvsOpt,
     first_face_row: str = FirstFaceRowOpt,
+    static_shapes: str = StaticShapesOpt,
     render_ahead: int = typer.Option(4, min=1, help="Frames a live session renders per request: more means larger shared "
                                      "GPU batches (more streams per GPU); pair it with --prebuffer-ms >= frames / fps."),
     prebuffer_ms: float = typer.Option(120.0, min=0.0, help="Streamed speech goes on air once this much is ready (live latency)."),
@@ -432,6 +440,7 @@ def serve(
         "halves the Whisper runs at up to 100 ms more wait for features: the 16- and 20-stream H100 runs' setting."),
 ) -> None:
     """Start the HTTP/WebSocket/WebRTC server with the web page at /."""
+    from .accel.static import check_static_shapes
     from .engines.batching import check_compose
     from .engines.musetalk.frame_queues import feature_step_rows
     from .engines.registry import ENGINES, check_triton_convs
@@ -451,6 +460,7 @@ def serve(
         check_device(device)  # before any engine loads
         check_compose(compose)
         check_triton_convs(triton_convs)
+        check_static_shapes(static_shapes)
         if musetalk_feature_step_ms is not None:
             feature_step_rows(musetalk_feature_step_ms)
         if max_render_fps is not None:
@@ -468,7 +478,7 @@ def serve(
                        front_end_tf32=front_end_tf32, triton_convs=triton_convs,
                        render_in_flight=render_in_flight, render_lead_s=render_lead_ms / 1000, compose=compose,
                        spread_render_phases=spread_render_phases, max_render_fps=max_render_fps,
-                       fill_render_batches=fill_render_batches, first_face_row=first_face_row,
+                       fill_render_batches=fill_render_batches, first_face_row=first_face_row, static_shapes=static_shapes,
                        musetalk_feature_step_ms=musetalk_feature_step_ms, batch_graphs=batch_graphs,
                        compose_graphs=compose_graphs)
     uvicorn.Server(uvicorn_config(create_app(cfg), host=host, port=port, log_level="info")).run()

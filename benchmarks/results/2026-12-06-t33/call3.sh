@@ -1,18 +1,2 @@
-# call 3: 20 and 24 sessions, both graph families on, default 100 ms feature step (repeat of call 2 s 20-session row).
-. .carry/setup.sh; set -o pipefail; export PATH=/tmp/site/bin:$PATH
-timeout -s ABRT ${L:-540} python -X faulthandler -m benchmarks.load_test --engine musetalk --fps 30 --weights random \
-  --size 1080 --accel compile+cudagraph --client-processes 4 --render-aheads 16 --render-leads 0.5 --send-on-clock on \
-  --live-update-rows 5 --chunk-frames 4 --warm-up-s 5 --duration 20 --sessions 20,24 --fill-render-batches on \
-  --render-in-flight 2 --batch-graphs on --compose-graphs on \
-  --json $OUT/load_step100_b.json > $OUT/load_step100_b.log 2>&1; echo "rc $?"
-grep -v Warn $OUT/load_step100_b.log | grep "^\[\|Fatal\|Error" | grep -v starts | tail -8
-python - $OUT/load_step100_b.json <<'PY' || true
-import json, sys
-for r in json.load(open(sys.argv[1])):
-    print(r["sessions"], "batch graphs", r["batch_graphs"], "compose graphs", r["compose_graphs"], "sustained", r["sustained"],
-          "errors", r["errors"], "fps", r["server_fps"], "min", round(r["fps_min"], 1), "busy", round(r["render_busy_share"], 2),
-          "GIL p50/p95", r.get("gil_wait_p50_ms"), r.get("gil_wait_p95_ms"),
-          "render call/wait/copy-out", round(r["session_render_call_ms"], 1), round(r["session_render_wait_ms"], 1),
-          round(r["session_copy_out_ms"], 1))
-PY
-echo "done at $SECONDS s"
+# call 3: 20 and 24 sessions, both graph families on, default 100 ms feature step (a repeat of call 2's 20-session row).
+SESSIONS=20,24 BATCH_GRAPHS=on NAME=load_step100_b bash benchmarks/results/2026-12-06-t33/call2.sh

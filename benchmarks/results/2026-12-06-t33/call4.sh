@@ -1,26 +1,12 @@
 # call 4 (cold): (A) 8 live Ditto sessions with the live compose graphs on and off (their first Ditto level: the
-# default flips on for every engine that replays CUDA graphs); (B) the new defaults end to end: 16 and 20 MuseTalk
-# sessions with no graph flags (batch and compose graphs on by default on CUDA), default 100 ms feature step.
+# default is on for every engine that replays CUDA graphs); (B) the new defaults end to end: 16 and 20 MuseTalk
+# sessions with no graph flags (musetalk_defaults.sh).
 . .carry/setup.sh; set -o pipefail; export PATH=/tmp/site/bin:$PATH
-summary() { python - "$1" <<'PY' || true
-import json, sys
-for r in json.load(open(sys.argv[1])):
-    print(r["sessions"], "batch graphs", r["batch_graphs"], "compose graphs", r["compose_graphs"], "sustained", r["sustained"],
-          "errors", r["errors"], "fps", r["server_fps"], "min", round(r["fps_min"], 1), "jitter p95", r.get("jitter_p95_ms"),
-          "busy", round(r["render_busy_share"], 2), "GIL p50/p95", r.get("gil_wait_p50_ms"), r.get("gil_wait_p95_ms"),
-          "render call/wait/copy-out", round(r["session_render_call_ms"], 1), round(r["session_render_wait_ms"], 1),
-          round(r["session_copy_out_ms"], 1))
-PY
-}
 timeout -s ABRT ${LA:-260} python -X faulthandler -m benchmarks.load_test --engine ditto --fps 30 --weights random \
   --size 1080 --duration 20 --accel compile+cudagraph --client-processes 4 --sessions 8 --render-aheads 8 \
   --render-leads 0.15 --send-on-clock on --warm-up-s 5 --compose-graphs on,off \
   --json $OUT/load_ditto8.json > $OUT/load_ditto8.log 2>&1; echo "rc $?"
-grep -v Warn $OUT/load_ditto8.log | grep "^\[\|Fatal\|Error" | grep -v starts | tail -5; summary $OUT/load_ditto8.json
+grep -v Warn $OUT/load_ditto8.log | grep "^\[\|Fatal\|Error" | grep -v starts | tail -5
+python -m benchmarks.load_summary $OUT/load_ditto8.json
 echo "A done at $SECONDS s"
-timeout -s ABRT ${LB:-300} python -X faulthandler -m benchmarks.load_test --engine musetalk --fps 30 --weights random \
-  --size 1080 --accel compile+cudagraph --client-processes 4 --render-aheads 16 --render-leads 0.5 --send-on-clock on \
-  --chunk-frames 4 --warm-up-s 5 --duration 20 --sessions 16,20 --fill-render-batches on \
-  --json $OUT/load_defaults.json > $OUT/load_defaults.log 2>&1; echo "rc $?"
-grep -v Warn $OUT/load_defaults.log | grep "^\[\|Fatal\|Error" | grep -v starts | tail -5; summary $OUT/load_defaults.json
-echo "done at $SECONDS s"
+SESSIONS=16,20 NAME=load_defaults bash benchmarks/results/2026-12-06-t33/musetalk_defaults.sh

@@ -469,14 +469,20 @@ def render_buckets() -> tuple[int, ...]:
 STATIC_SHAPES = ("default", "none", "largest", "all")
 
 
+def check_static_shapes(choice: str | None) -> str:
+    """``choice`` as a `static_buckets` choice (None: "default"); raises ValueError naming the valid ones."""
+    choice = "default" if choice is None else choice
+    if choice not in STATIC_SHAPES:
+        raise ValueError(f"static-shapes must be one of {', '.join(STATIC_SHAPES)}, got {choice!r}")
+    return choice
+
+
 def static_buckets(choice: str | None, buckets: Sequence[int], device_type: str, mode: str) -> tuple[int, ...]:
     """Which of ``buckets`` a `BucketedRunner` compiles at their own batch size (its ``static_sizes``):
     ``"none"``, ``"largest"`` (where throughput is made: full batches), ``"all"``, or ``"default"``/None:
     ``"largest"`` on CUDA with a compile mode (one compilation more than ``"none"``, ~65 s cold on
     an H100, cached after; the MuseTalk render of 32 frames 5 % faster there), else ``"none"``."""
-    choice = "default" if choice is None else choice
-    if choice not in STATIC_SHAPES:
-        raise ValueError(f"static_shapes must be one of {', '.join(STATIC_SHAPES)}, got {choice!r}")
+    choice = check_static_shapes(choice)
     if choice == "default":
         choice = "largest" if compiled_on_cuda(device_type, mode) else "none"
     return {"none": (), "largest": (max(buckets),), "all": tuple(buckets)}[choice]

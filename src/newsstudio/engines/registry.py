@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..accel.static import MODES
+from ..accel.static import MODES, check_static_shapes
 from .base import Engine
 
 ENGINES = ("classic", "musetalk", "ditto")
@@ -54,7 +54,8 @@ def check_accel(accel: str) -> str:
 def engine_options(name: str, weights: str, models: str | os.PathLike[str] | None, accel: str = "auto",
                    device: str | torch.device | None = None, long_running: bool = False,
                    front_end_tf32: bool | None = None, triton_convs: str = "off",
-                   first_face_row: int | str | None = None, feature_step_ms: int | None = None) -> dict[str, Any]:
+                   first_face_row: int | str | None = None, feature_step_ms: int | None = None,
+                   static_shapes: str | None = None) -> dict[str, Any]:
     """Keyword arguments for `create_engine(name, ...)` from the CLI/server settings.
 
     accel ``"auto"``: the engine's own default (CUDA graphs on CUDA, eager on CPU), except for a
@@ -65,7 +66,9 @@ def engine_options(name: str, weights: str, models: str | os.PathLike[str] | Non
     runs in half precision already. ``triton_convs``: the neural engines' render convolutions on the
     Triton kernel (accel/igemm_conv.py): "off", "half" or "fp8". ``first_face_row``: the face rows MuseTalk's
     decoder makes (engines/musetalk/face_rows.py: "default"/None, "auto", 0 = the whole face, or a row).
-    ``feature_step_ms``: how often a live MuseTalk stream re-encodes its speech (None: every 100 ms)."""
+    ``feature_step_ms``: how often a live MuseTalk stream re-encodes its speech (None: every 100 ms).
+    ``static_shapes``: which of MuseTalk's render buckets compile at their own batch size
+    (accel/static.py `static_buckets`: "default"/None, "none", "largest", "all")."""
     from .musetalk.face_rows import parse_first_face_row
     from .musetalk.frame_queues import feature_step_rows
 
@@ -74,6 +77,7 @@ def engine_options(name: str, weights: str, models: str | os.PathLike[str] | Non
     rows = parse_first_face_row(first_face_row)  # checked for every engine: a typo fails early
     if feature_step_ms is not None:
         feature_step_rows(feature_step_ms)
+    static_shapes = check_static_shapes(static_shapes)  # checked for every engine, as above
     if name == "classic":
         return {}
     kw: dict[str, Any] = {"weights": weights, "models": models}
@@ -89,6 +93,8 @@ def engine_options(name: str, weights: str, models: str | os.PathLike[str] | Non
         kw["first_face_row"] = rows
     if feature_step_ms is not None and name == "musetalk":
         kw["feature_step_ms"] = int(feature_step_ms)
+    if static_shapes != "default" and name == "musetalk":
+        kw["static_shapes"] = static_shapes
     return kw
 
 

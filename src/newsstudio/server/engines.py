@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ..accel.static import check_static_shapes
 from ..engines.base import Engine
 from ..engines.batching import Batcher, RenderBatcher, check_compose
 from ..engines.musetalk.face_rows import parse_first_face_row
@@ -25,8 +26,9 @@ class EnginePool:
                  batch_sessions: bool = True, front_end_streams: bool = True, render_in_flight: int = 0,
                  stall_s: float | None = None, front_end_tf32: bool = True, compose: str = "stream",
                  triton_convs: str = "off", fill_render_batches: bool = False, first_face_row: int | str | None = None,
-                 feature_step_ms: int | None = None):
+                 feature_step_ms: int | None = None, static_shapes: str | None = None):
         self.device = device
+        self.static_shapes = check_static_shapes(static_shapes)  # MuseTalk's statically compiled render buckets (before any session)
         self.feature_step_ms = feature_step_ms  # MuseTalk's live Whisper step (None: its default)
         if feature_step_ms is not None:
             feature_step_rows(feature_step_ms)  # checked before any session
@@ -74,7 +76,8 @@ class EnginePool:
                 raise EngineUnavailable(self._errors[name])
             kw = engine_options(name, self.weights, self.models, self.accel, self.device, long_running=True,
                                 front_end_tf32=self.front_end_tf32, triton_convs=self.triton_convs,
-                                first_face_row=self.first_face_row, feature_step_ms=self.feature_step_ms)
+                                first_face_row=self.first_face_row, feature_step_ms=self.feature_step_ms,
+                                static_shapes=self.static_shapes)
             try:
                 eng = create_engine(name, device=self.device, **kw)
                 spent = eng.warm_up()  # compile/capture now, not in the first session

@@ -93,6 +93,10 @@ class ServerConfig:
     engines/musetalk/face_rows.py): None/"default" ("auto" on CUDA with a compile mode: rows 104-255
     where the avatar's blend allows, +25 % frames/s on an H100, an approximation at 36.9 dB over the
     blended pixels with seeded weights; the whole face elsewhere), "auto", 0 (the whole face) or a row."""
+    static_shapes: str | None = None
+    """Which of MuseTalk's render buckets compile at their own batch size with a compile mode
+    (accel/static.py `static_buckets`): None/"default" ("largest" on CUDA: 639.7 instead of 590.8
+    frames/s dense on an H100), "none" (the quickest start), "largest", "all"."""
     batch_graphs: bool | None = None
     """MuseTalk's one-avatar render batches through CUDA graphs of their own (engines/musetalk/batch_graphs.py):
     the same bytes in ~10 torch calls instead of ~50 (each torch call waits for the GIL under many live
@@ -232,7 +236,7 @@ class ServerState:
         self.engines = EnginePool(cfg.engine, self.device, cfg.weights, cfg.models, cfg.accel, cfg.batch_sessions,
                                   cfg.front_end_streams, cfg.render_in_flight, stall_s, cfg.front_end_tf32,
                                   cfg.compose, cfg.triton_convs, cfg.fill_render_batches, cfg.first_face_row,
-                                  cfg.musetalk_feature_step_ms)
+                                  cfg.musetalk_feature_step_ms, cfg.static_shapes)
         if cfg.batch_graphs is not None:
             self.engines.set_batch_graphs(cfg.batch_graphs)  # engines loaded from now on too
         if cfg.compose_graphs is not None:

@@ -1,0 +1,43 @@
+"""One line per level of a `benchmarks.load_test` JSON: what a results script prints after a run.
+
+Why: the load test's JSON holds ~60 fields per level; these are the ones every live-stream table in
+benchmarks/RESULTS.md quotes (on time, rates, the render thread's and the GIL's figures, where a
+session's render call spends its time).
+
+    python -m benchmarks.load_summary load_musetalk16.json [more.json ...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def level_line(r: dict) -> str:
+    """A level's figures in the order of the RESULTS tables."""
+    def ms(key: str) -> str:
+        v = r.get(key)
+        return "-" if v is None else f"{v:.1f}"
+
+    return (f"{r['sessions']} sessions | batch graphs {r.get('batch_graphs')} | compose graphs {r.get('compose_graphs')} | "
+            f"on time {r['sustained']} of {r['sessions']} | errors {r['errors']} | server fps {r['server_fps']:.1f} | "
+            f"fps min {r['fps_min']:.1f} | jitter p95 {ms('jitter_p95_ms')} ms | batch {ms('batch_frames_mean')} frames "
+            f"({r.get('requests_per_batch') or 0:.2f} requests) | render busy {r['render_busy_share']:.2f} | "
+            f"GIL wait p50/p95 {r.get('gil_wait_p50_ms')}/{r.get('gil_wait_p95_ms')} ms | render call/wait/copy-out "
+            f"{ms('session_render_call_ms')}/{ms('session_render_wait_ms')}/{ms('session_copy_out_ms')} ms")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("json", nargs="+", type=Path, help="load_test --json outputs")
+    args = ap.parse_args(argv)
+    for path in args.json:
+        if not path.is_file():
+            print(f"{path}: missing (the load test did not write it)")
+            continue
+        for r in json.loads(path.read_text()):
+            print(level_line(r))
+
+
+if __name__ == "__main__":
+    main()
