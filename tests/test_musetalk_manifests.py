@@ -413,6 +413,24 @@ def test_streaming_single_push_equals_offline(tiny_encoder, fps):
     assert torch.allclose(streamed, offline, rtol=0, atol=1e-5)
 
 
+def test_each_update_encodes_the_received_part_of_its_piece_zero_padded(tiny_encoder):
+    """A push's frames come from the completed pieces' rows and the piece being received, encoded as
+    if its received samples were the whole audio (zero-padded to 30 s): also after a piece
+    completed mid-push, where the next piece's buffer must start from zeros again."""
+    fps = 25
+    y = _noise_speech(af.PIECE_SAMPLES + 16000 * 2, 2)
+    n = af.PIECE_SAMPLES + 16000  # piece 0 complete, 1 s of piece 1
+    s = af.StreamingAudioFeatures(tiny_encoder, fps)
+    done = s.push(y[: af.PIECE_SAMPLES - 8000]).shape[0]
+    done += s.push(y[af.PIECE_SAMPLES - 8000: n - 3200]).shape[0]  # completes piece 0, starts piece 1
+    got = s.push(y[n - 3200: n])
+    assert got.shape[0] > 0
+    rows = torch.cat([af.whisper_hidden_states(tiny_encoder, torch.from_numpy(y[: af.PIECE_SAMPLES]))[0],
+                      af.whisper_hidden_states(tiny_encoder, torch.from_numpy(y[af.PIECE_SAMPLES: n]))[0]])
+    expected = af.gather_windows(rows, 0, af.row_count(n), torch.arange(done, done + got.shape[0]), af.FrameWindowing(fps))
+    assert torch.allclose(got, expected, rtol=0, atol=1e-6)
+
+
 def test_streaming_across_pieces_lookahead_and_memory(tiny_encoder):
     fps = 25
     y = _noise_speech(16000 * 31 + 4321, 1)

@@ -397,7 +397,11 @@ class StreamingAudioFeatures:
     row mixes in the whole future. With the trained checkpoint the figure will differ (its
     attention is content-dependent); it cannot be measured without the real weights.
     Cost: one log-mel + encoder run over a 30 s piece per update (about 6 ms per update on an H200
-    in float32 with 20-40 ms chunks, `recomputations` counts them).
+    in float32 with 20-40 ms chunks, `recomputations` counts them). The piece being received lives
+    where the log-mel runs (the encoder's device with ``mel="torch"``), zero past its received
+    samples: pushes write only their own samples into it, and an update reads it as it is, instead
+    of copying up to 1.9 MB of received audio into a fresh padded buffer on the device each time
+    (a live server's speech threads do this ~10 times a second per stream, under the GIL).
     """
 
     def __init__(self, encoder: nn.Module, fps: float, *, left: int = 2, right: int = 2,
@@ -410,11 +414,14 @@ class StreamingAudioFeatures:
         self.extra_lookahead_rows = int(extra_lookahead_rows)
         if self.extra_lookahead_rows < 0:
             raise ValueError("extra_lookahead_rows must be >= 0")
+        if mel not in ("torch", "hf"):
+            raise ValueError(f"mel must be 'torch' or 'hf', got {mel!r}")
         self.mel = mel
         self.samples_received = 0
         self.frames_emitted = 0
         self.recomputations = 0  # encoder runs over a partial piece (for benchmarks)
-        self._piece = np.zeros(PIECE_SAMPLES, dtype=np.float32)
+        device, _ = _module_device_dtype(encoder)
+        self._piece = torch.zeros(PIECE_SAMPLES, dtype=torch.float32, device=device if mel == "torch" else "cpu")
         self._piece_len = 0
         self._pieces_done = 0
         self._final: torch.Tensor | None = None  # rows of completed pieces still needed
@@ -422,9 +429,30 @@ class StreamingAudioFeatures:
         self._finished = False
 
     # -- helpers ---------------------------------------------------------------------------
-    def _encode_piece(self, audio: np.ndarray) -> torch.Tensor:
-        wave = torch.from_numpy(audio)
-        return whisper_hidden_states(self.encoder, wave, mel=self.mel, states_fn=self.states_fn)[0]  # [1500, 5, D]
+    def _encode_piece(self) -> torch.Tensor:
+        """Hidden states ``[1500, 5, D]`` of the piece's received samples, zero-padded to 30 s:
+        what `whisper_hidden_states` gives for those samples alone."""
+        if self.mel == "hf":
+            return whisper_hidden_states(self.encoder, self._piece[:self._piece_len].clone(), mel="hf",
+                                         states_fn=self.states_fn)[0]
+        feats = log_mel(self._piece[None])  # already zero past the received samples
+        states = self.states_fn(feats) if self.states_fn is not None else encoder_hidden_states(self.encoder, feats)
+        return states[0]
+
+    def _write_piece(self, samples: np.ndarray) -> None:
+        """Append received samples to the piece (a small host-to-device copy on CUDA)."""
+        src = torch.from_numpy(samples)
+        dest = self._piece[self._piece_len:self._piece_len + samples.shape[0]]
+        if dest.device.type == "cuda":
+            dest.copy_(src.pin_memory(), non_blocking=True)  # the host allocator keeps the staging block until done
+        else:
+            dest.copy_(src)
+        self._piece_len += samples.shape[0]
+
+    def _piece_done(self) -> None:
+        """The next piece starts from zeros (after the queued reads of this one, on the same stream)."""
+        self._piece.zero_()
+        self._piece_len = 0
 
     def _append_final(self, rows: torch.Tensor, offset: int) -> None:
         if self._final is None or self._final.shape[0] == 0:
@@ -446,7 +474,7 @@ class StreamingAudioFeatures:
         final = self._final
         if need_hi <= piece_start_row or self._piece_len == 0:
             return final, self._final_offset if final is not None else piece_start_row
-        partial = self._encode_piece(self._piece[:self._piece_len].copy())
+        partial = self._encode_piece()
         self.recomputations += 1
         if final is None or final.shape[0] == 0:
             return partial, piece_start_row
@@ -490,13 +518,12 @@ class StreamingAudioFeatures:
         pos = 0
         while pos < a.shape[0]:
             take = min(PIECE_SAMPLES - self._piece_len, a.shape[0] - pos)
-            self._piece[self._piece_len:self._piece_len + take] = a[pos:pos + take]
-            self._piece_len += take
+            self._write_piece(a[pos:pos + take])
             pos += take
             if self._piece_len == PIECE_SAMPLES:
-                self._append_final(self._encode_piece(self._piece.copy()), self._pieces_done * ROWS_PER_PIECE)
+                self._append_final(self._encode_piece(), self._pieces_done * ROWS_PER_PIECE)
                 self._pieces_done += 1
-                self._piece_len = 0
+                self._piece_done()
         self.samples_received += a.shape[0]
         return self._emit(final=False)
 
@@ -507,10 +534,9 @@ class StreamingAudioFeatures:
             raise RuntimeError("finish() called twice")
         self._finished = True
         if self._piece_len:
-            self._append_final(self._encode_piece(self._piece[:self._piece_len].copy()),
-                               self._pieces_done * ROWS_PER_PIECE)
+            self._append_final(self._encode_piece(), self._pieces_done * ROWS_PER_PIECE)
             self._pieces_done += 1
-            self._piece_len = 0
+            self._piece_done()
         return self._emit(final=True)
 
 
