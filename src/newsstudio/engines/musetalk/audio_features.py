@@ -397,11 +397,13 @@ class StreamingAudioFeatures:
     row mixes in the whole future. With the trained checkpoint the figure will differ (its
     attention is content-dependent); it cannot be measured without the real weights.
     Cost: one log-mel + encoder run over a 30 s piece per update (about 6 ms per update on an H200
-    in float32 with 20-40 ms chunks, `recomputations` counts them). The piece being received lives
-    where the log-mel runs (the encoder's device with ``mel="torch"``), zero past its received
-    samples: pushes write only their own samples into it, and an update reads it as it is, instead
-    of copying up to 1.9 MB of received audio into a fresh padded buffer on the device each time
-    (a live server's speech threads do this ~10 times a second per stream, under the GIL).
+    in float32 with 20-40 ms chunks, `recomputations` counts them). The piece being received is
+    kept twice: on the host, where pushes write their samples (no torch call per push), and
+    zero-padded where the log-mel runs (the encoder's device with ``mel="torch"``), where an update
+    copies only the samples that arrived since the last one and reads the piece in place: two torch
+    calls and a few KB instead of copying up to 1.9 MB of received audio into a fresh padded buffer
+    each time (a live server's speech threads update ~10 times a second per stream, and under many
+    streams each torch call waits for the GIL).
     """
 
     def __init__(self, encoder: nn.Module, fps: float, *, left: int = 2, right: int = 2,
@@ -420,9 +422,13 @@ class StreamingAudioFeatures:
         self.samples_received = 0
         self.frames_emitted = 0
         self.recomputations = 0  # encoder runs over a partial piece (for benchmarks)
-        device, _ = _module_device_dtype(encoder)
-        self._piece = torch.zeros(PIECE_SAMPLES, dtype=torch.float32, device=device if mel == "torch" else "cpu")
+        self._device, self._dtype = _module_device_dtype(encoder)
+        self._piece = np.zeros(PIECE_SAMPLES, dtype=np.float32)  # the piece being received: [:_piece_len]
         self._piece_len = 0
+        self._padded = (torch.zeros(PIECE_SAMPLES, dtype=torch.float32, device=self._device)
+                        if mel == "torch" else None)  # the same piece where the log-mel runs, zero past [:_padded_len]
+        self._padded_len = 0
+        self._no_frames: torch.Tensor | None = None
         self._pieces_done = 0
         self._final: torch.Tensor | None = None  # rows of completed pieces still needed
         self._final_offset = 0
@@ -432,27 +438,26 @@ class StreamingAudioFeatures:
     def _encode_piece(self) -> torch.Tensor:
         """Hidden states ``[1500, 5, D]`` of the piece's received samples, zero-padded to 30 s:
         what `whisper_hidden_states` gives for those samples alone."""
-        if self.mel == "hf":
-            return whisper_hidden_states(self.encoder, self._piece[:self._piece_len].clone(), mel="hf",
-                                         states_fn=self.states_fn)[0]
-        feats = log_mel(self._piece[None])  # already zero past the received samples
+        if self._padded is None:
+            return whisper_hidden_states(self.encoder, torch.from_numpy(self._piece[:self._piece_len].copy()),
+                                         mel=self.mel, states_fn=self.states_fn)[0]
+        lo, hi = self._padded_len, self._piece_len
+        if hi > lo:  # the samples that arrived since the last update
+            new, dest = torch.from_numpy(self._piece[lo:hi]), self._padded[lo:hi]
+            if dest.is_cuda:  # staged in pinned memory first, so the next push may overwrite the host piece
+                dest.copy_(new.pin_memory(), non_blocking=True)
+            else:
+                dest.copy_(new)
+            self._padded_len = hi
+        feats = log_mel(self._padded[None])  # zero past the received samples, as Whisper pads
         states = self.states_fn(feats) if self.states_fn is not None else encoder_hidden_states(self.encoder, feats)
         return states[0]
 
-    def _write_piece(self, samples: np.ndarray) -> None:
-        """Append received samples to the piece (a small host-to-device copy on CUDA)."""
-        src = torch.from_numpy(samples)
-        dest = self._piece[self._piece_len:self._piece_len + samples.shape[0]]
-        if dest.device.type == "cuda":
-            dest.copy_(src.pin_memory(), non_blocking=True)  # the host allocator keeps the staging block until done
-        else:
-            dest.copy_(src)
-        self._piece_len += samples.shape[0]
-
     def _piece_done(self) -> None:
-        """The next piece starts from zeros (after the queued reads of this one, on the same stream)."""
-        self._piece.zero_()
-        self._piece_len = 0
+        """The next piece starts from zeros (zeroed after this piece's queued reads, on the same stream)."""
+        if self._padded is not None:
+            self._padded.zero_()
+        self._piece_len = self._padded_len = 0
 
     def _append_final(self, rows: torch.Tensor, offset: int) -> None:
         if self._final is None or self._final.shape[0] == 0:
@@ -494,14 +499,16 @@ class StreamingAudioFeatures:
                 j += 1
             if j - i < self.min_frames_per_update:
                 j = i
-        if j <= i:
-            dev, dt = _module_device_dtype(self.encoder)
-            return torch.zeros((0, w.length * N_HIDDEN_STATES, self.encoder.config.d_model), device=dev, dtype=dt)
+        if j <= i:  # most pushes: no frame ready yet (one shared empty result, no torch call)
+            if self._no_frames is None:
+                self._no_frames = torch.zeros((0, w.length * N_HIDDEN_STATES, self.encoder.config.d_model),
+                                              device=self._device, dtype=self._dtype)
+            return self._no_frames
         need_hi = min(w.start(j - 1) + w.length, valid)
         block, offset = self._rows_block(need_hi)
         if block is None:  # no rows at all (only possible when every needed row is padding)
-            dev, dt = _module_device_dtype(self.encoder)
-            block, offset = torch.zeros((0, N_HIDDEN_STATES, self.encoder.config.d_model), device=dev, dtype=dt), 0
+            block = torch.zeros((0, N_HIDDEN_STATES, self.encoder.config.d_model), device=self._device, dtype=self._dtype)
+            offset = 0
         out = gather_windows(block, offset, valid, torch.arange(i, j), w)
         self.frames_emitted = j
         self._drop_before(w.start(j))
@@ -518,7 +525,8 @@ class StreamingAudioFeatures:
         pos = 0
         while pos < a.shape[0]:
             take = min(PIECE_SAMPLES - self._piece_len, a.shape[0] - pos)
-            self._write_piece(a[pos:pos + take])
+            self._piece[self._piece_len:self._piece_len + take] = a[pos:pos + take]
+            self._piece_len += take
             pos += take
             if self._piece_len == PIECE_SAMPLES:
                 self._append_final(self._encode_piece(), self._pieces_done * ROWS_PER_PIECE)
