@@ -134,14 +134,19 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
     fill = args.fill_render_batches if cfg is not None and args.fill_render_batches else [None]
     graphs = args.batch_graphs if cfg is not None and args.batch_graphs else [None]
     composed = args.compose_graphs if cfg is not None and args.compose_graphs else [None]
+    frozen = args.gc_freeze if cfg is not None and args.gc_freeze else [None]
     compose = args.compose if cfg is not None and args.compose else [None]
     formats = args.formats if len(getattr(args, "formats", [])) > 1 else [None]  # the clients' choice: any server
-    for si, lead, paced, ahead, in_flight, own, rows, mode, fmt, phases, filled, graphed, cgraphed in itertools.product(
+    for si, lead, paced, ahead, in_flight, own, rows, mode, fmt, phases, filled, graphed, cgraphed, freeze in itertools.product(
             values(args.switch_intervals, float, local=False), values(args.render_leads, float), on_clock,
             values(args.render_aheads, int), values(args.render_in_flight, int), front_end,
-            values(args.live_update_rows, int), compose, formats, spread, fill, graphs, composed):
+            values(args.live_update_rows, int), compose, formats, spread, fill, graphs, composed, frozen):
         def apply(si=si, lead=lead, paced=paced, ahead=ahead, in_flight=in_flight, own=own, rows=rows,
-                  mode=mode, fmt=fmt, phases=phases, filled=filled, graphed=graphed, cgraphed=cgraphed) -> None:
+                  mode=mode, fmt=fmt, phases=phases, filled=filled, graphed=graphed, cgraphed=cgraphed,
+                  freeze=freeze) -> None:
+            if freeze is not None:  # freeze what is alive now, or unfreeze it
+                cfg.gc_freeze = freeze
+                state.engines.set_gc_freeze(freeze)
             if cgraphed is not None:  # the sessions' next requests
                 state.engines.set_compose_graphs(cgraphed)
             if graphed is not None:  # the loaded engines' next batches (the engine is loaded before the first level)
@@ -189,7 +194,8 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
             None if phases is None else f"render phases {'spread' if phases else 'as started'}",
             None if filled is None else f"render batches {'filled to their buckets' if filled else 'as queued'}",
             None if graphed is None else f"one-avatar batches {'by batch graphs' if graphed else 'by the general path'}",
-            None if cgraphed is None else f"sessions compose {'through their graphs' if cgraphed else 'directly'}") if part)
+            None if cgraphed is None else f"sessions compose {'through their graphs' if cgraphed else 'directly'}",
+            None if freeze is None else f"warm objects {'frozen out of' if freeze else 'walked by'} garbage collections") if part)
         out.append((label, apply))
     return out
 
@@ -485,10 +491,24 @@ async def run_level(url: str, n: int, args, pcm, sr, clients: ClientPool | None 
         "rss_before_mb": (before["rss_bytes"] or 0) / 1e6, "rss_peak_mb": peak_rss / 1e6, "rss_after_mb": (after["rss_bytes"] or 0) / 1e6,
         "gpu_before_mb": gpu(before) / 1e6, "gpu_peak_mb": peak_gpu / 1e6, "gpu_after_mb": gpu(after) / 1e6,
         "active_after": after["active_sessions"],
+        **gc_level(before.get("gc"), after.get("gc")),
         **(probe.summary() if probe is not None else {}),
         **({"thread_cpu": thread_cpu} if thread_cpu is not None else {}),
         **({"gpu_timeline": profile} if profile else {}),
     }
+
+
+def gc_level(before: dict | None, after: dict | None) -> dict:
+    """The server's garbage collections over a level, from two /metrics snapshots: runs of the
+    full (generation 2) collector, time in all collections, the longest run (each holds the GIL,
+    so every session stops meanwhile), and how many objects were frozen out of them."""
+    if not before or not after:
+        return {}
+    seen = max((p[0] for p in before["long_pauses"]), default=0)
+    new_long = [p[1] for p in after["long_pauses"] if p[0] > seen]
+    return {"gc_full_collections": after["collections"][2] - before["collections"][2],
+            "gc_pause_ms_total": round(sum(after["pause_ms_total"]) - sum(before["pause_ms_total"]), 1),
+            "gc_pause_max_ms": max(new_long, default=0.0), "gc_frozen_objects": after["frozen_objects"]}
 
 
 def main() -> None:
@@ -520,6 +540,9 @@ def main() -> None:
     ap.add_argument("--compose-graphs", default=None,
                     help="live sessions compose (splice + copy-out) through CUDA graphs of their own "
                          "(compose/session_graphs.py) or directly: on, off, or off,on to sweep (server started here)")
+    ap.add_argument("--gc-freeze", default=None,
+                    help="ServerConfig.gc_freeze (objects alive after warm-up frozen out of garbage collections): "
+                         "on, off, or off,on to sweep (server started here)")
     ap.add_argument("--spread-render-phases", default=None,
                     help="ServerConfig.spread_render_phases: on, off, or off,on to sweep (server started here)")
     ap.add_argument("--stagger-s", type=float, default=0.0,
@@ -588,6 +611,7 @@ def main() -> None:
     args.fill_render_batches = on_off_list(args.fill_render_batches, "--fill-render-batches")
     args.batch_graphs = on_off_list(args.batch_graphs, "--batch-graphs")
     args.compose_graphs = on_off_list(args.compose_graphs, "--compose-graphs")
+    args.gc_freeze = on_off_list(args.gc_freeze, "--gc-freeze")
     args.compose = compose_list(args.compose)
     args.formats = format_list(args.format)
     args.format = args.formats[0]
@@ -602,7 +626,7 @@ def main() -> None:
     print(f"server {url} ready after {time.monotonic() - t0:.0f} s: device {health['device']}, default engine "
           f"{health['default_engine']}; {args.format} chunks of {args.chunk_frames} frames, {args.duration:.0f} s per level", file=sys.stderr)
     cols = [("sessions", "d"), ("switch_interval_ms", "g"), ("render_lead_ms", "g"), ("send_on_clock", "d"), ("render_ahead", "d"), ("prebuffer_ms", "g"), ("render_in_flight", "d"), ("front_end_streams", "d"), ("sustained", "d"), ("refused", "d"), ("errors", "d"), ("fps_min", ".1f"), ("fps_median", ".1f"), ("jitter_p95_ms", ".1f"), ("late_p50_ms", ".1f"),
-            ("late_p95_ms", ".1f"), ("late_max_ms", ".1f"), ("server_fps", ".1f"), ("loop_lag_p95_ms", ".1f"), ("loop_lag_max_ms", ".0f"), ("gil_wait_p50_ms", ".2f"), ("gil_wait_p95_ms", ".2f"), ("speaking_share", ".2f"), ("rss_before_mb", ".0f"),
+            ("late_p95_ms", ".1f"), ("late_max_ms", ".1f"), ("server_fps", ".1f"), ("loop_lag_p95_ms", ".1f"), ("loop_lag_max_ms", ".0f"), ("gc_full_collections", ".0f"), ("gc_pause_max_ms", ".0f"), ("gil_wait_p50_ms", ".2f"), ("gil_wait_p95_ms", ".2f"), ("speaking_share", ".2f"), ("rss_before_mb", ".0f"),
             ("rss_peak_mb", ".0f"), ("rss_after_mb", ".0f"), ("gpu_before_mb", ".0f"), ("gpu_peak_mb", ".0f"), ("gpu_after_mb", ".0f"),
             ("batch_frames_mean", ".1f"), ("requests_per_batch", ".2f"), ("request_frames_mean", ".1f"), ("bucket_fill", ".2f"), ("split_requests", "d"), ("render_wait_ms_mean", ".1f"), ("render_busy_share", ".2f"), ("audio_busy_share", ".2f"),
             ("audio_rows_per_call", ".1f"), ("motion_busy_share", ".2f"),
@@ -647,7 +671,8 @@ def run_levels(args, url: str, pcm, sr, levels: list, clients: ClientPool | None
                      "fill_render_batches": bool(getattr(server_cfg, "fill_render_batches", False)),
                      "batch_graphs": server_state.engines.batch_graphs() if server_state is not None else None,
                      "compose_graphs": server_state.engines.compose_graphs() if server_state is not None else None,
-                     "first_face_row": getattr(server_cfg, "first_face_row", None)})
+                     "first_face_row": getattr(server_cfg, "first_face_row", None),
+                     "gc_freeze": getattr(server_cfg, "gc_freeze", None)})
         r = rows[-1]
         refused = f"{r['refused']} refused (render capacity), " if r["refused"] else ""
         print(f"[{time.monotonic() - t0:.0f} s] {n} sessions: {r['sustained']} sustained, {refused}{r['errors']} errors {r['error_samples'] or ''}",

@@ -1,6 +1,7 @@
 """The benchmark helpers whose arithmetic the GPU reports rely on."""
 from __future__ import annotations
 
+import gc
 import shutil
 
 import pytest
@@ -111,6 +112,8 @@ def test_the_load_test_sweeps_server_settings_on_one_running_server(tmp_path):
         # the GIL probe woke every ~2 ms of the level in the server's process; the classic engine has no batch graphs
         assert r["gil_wakes"] > 200 and 0 <= r["gil_wait_p50_ms"] <= r["gil_wait_p95_ms"] <= r["gil_wait_max_ms"], r
         assert r["batch_graphs"] is None and r["compose_graphs"] is True  # switched on (used on CUDA only)
+        # the server's garbage collections over the level: counted, the warm engine's objects frozen out of them
+        assert r["gc_full_collections"] >= 0 and r["gc_pause_ms_total"] >= 0 and r["gc_frozen_objects"] > 0, r
         line = level_line(r)  # what the results scripts print per level
         assert f"on time {r['sustained']} of {r['sessions']}" in line and "compose graphs True" in line, line
         # the server's threads' CPU over the level, by thread group: its live sessions' threads worked
@@ -350,3 +353,16 @@ def test_a_shared_variant_configures_only_the_engine_each_flag_belongs_to():
     assert parse_variant("cudagraph:dynamic", "musetalk")["static_shapes"] == "none"
     with pytest.raises(SystemExit, match="is not"):
         parse_variant("compile+cudagraph:fast")
+
+
+def test_gc_cost_reports_the_objects_a_full_collection_walks_before_and_after_the_freeze(tmp_path):
+    from benchmarks.gc_cost import main as gc_cost
+
+    out = gc_cost(["--engines", "classic", "--device", "cpu", "--accel", "eager", "--repeat", "1",
+                   "--json", str(tmp_path / "gc.json")])
+    stages = [r["stage"] for r in out["rows"]]
+    assert stages[0] == "imports" and stages[1].startswith("+ classic warm") and stages[-1].startswith("frozen")
+    warm, frozen = out["rows"][-2], out["rows"][-1]
+    assert warm["objects"] > 100_000 and frozen["objects"] < warm["objects"] // 100  # what the freeze takes out
+    assert gc.get_freeze_count() == 0  # unfrozen again
+    assert (tmp_path / "gc.json").is_file()

@@ -197,6 +197,10 @@ def test_health_metrics_and_docs(client):
     # the loop-lag monitor samples every 20 ms; an idle server's loop wakes nearly on time
     lag = mt["event_loop_lag"]
     assert 0.0 <= lag["p95_ms"] <= lag["max_ms"] <= lag["max_since_start_ms"] and lag["p95_ms"] < 200
+    # the garbage collector's runs are timed; the warm engine's objects were frozen out of them
+    gcm = mt["gc"]
+    assert len(gcm["collections"]) == 3 and sum(gcm["collections"]) > 0 and gcm["frozen_objects"] > 0
+    assert all(p[1] >= 10.0 for p in gcm["long_pauses"])
     # no Swagger UI / ReDoc page: FastAPI's load their scripts from a CDN (blank offline); the
     # schema is served by the server itself
     for page in ("/docs", "/redoc", "/docs/oauth2-redirect"):

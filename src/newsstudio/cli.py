@@ -431,6 +431,9 @@ def serve(
         None, "--batch-graphs/--no-batch-graphs",
         help="MuseTalk: render one-avatar batches through CUDA graphs of their own (the same bytes in ~10 torch "
         "calls instead of ~50). Default: on where the engine replays CUDA graphs (CUDA with a graph --accel)."),
+    gc_freeze: bool = typer.Option(True, "--gc-freeze/--no-gc-freeze",
+                                   help="Freeze the objects alive after each engine's warm-up so Python's full garbage "
+                                   "collections (which stop every session) no longer walk them."),
     compose_graphs: Optional[bool] = typer.Option(
         None, "--compose-graphs/--no-compose-graphs",
         help="Live sessions splice and copy out their frames through CUDA graphs of their own (the same bytes in "
@@ -480,7 +483,7 @@ def serve(
                        spread_render_phases=spread_render_phases, max_render_fps=max_render_fps,
                        fill_render_batches=fill_render_batches, first_face_row=first_face_row, static_shapes=static_shapes,
                        musetalk_feature_step_ms=musetalk_feature_step_ms, batch_graphs=batch_graphs,
-                       compose_graphs=compose_graphs)
+                       compose_graphs=compose_graphs, gc_freeze=gc_freeze)
     uvicorn.Server(uvicorn_config(create_app(cfg), host=host, port=port, log_level="info")).run()
 
 

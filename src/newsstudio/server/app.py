@@ -35,6 +35,7 @@ from .. import __version__ as _version
 from ..frame_rate import MAX_FPS
 from ..media.errors import MediaError
 from . import models as m
+from .gc_pauses import GC_PAUSES
 from .jobs import Job
 from .prebake_job import run_prebake
 from .state import ServerConfig, ServerState, rss_bytes
@@ -160,6 +161,7 @@ def create_app(cfg: ServerConfig | None = None) -> FastAPI:
             gpu=state.gpu_memory(),
             render_batching={k: m.BatchingInfo(**v) for k, v in state.engines.batcher_stats().items()},
             event_loop_lag=m.LoopLag(**state.metrics.loop_lag()),
+            gc=m.GcInfo(**GC_PAUSES.snapshot()),
             sessions=[m.SessionInfo(**s.info()) for s in state.sessions.list() if not s.closed],
         )
 

@@ -13,6 +13,7 @@ from ..engines.batching import Batcher, RenderBatcher, check_compose
 from ..engines.musetalk.face_rows import parse_first_face_row
 from ..engines.musetalk.frame_queues import feature_step_rows
 from ..engines.registry import ENGINES, check_accel, check_triton_convs, create_engine, default_engine, engine_options
+from .gc_pauses import freeze_warm_objects, unfreeze
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +27,9 @@ class EnginePool:
                  batch_sessions: bool = True, front_end_streams: bool = True, render_in_flight: int = 0,
                  stall_s: float | None = None, front_end_tf32: bool = True, compose: str = "stream",
                  triton_convs: str = "off", fill_render_batches: bool = False, first_face_row: int | str | None = None,
-                 feature_step_ms: int | None = None, static_shapes: str | None = None):
+                 feature_step_ms: int | None = None, static_shapes: str | None = None, gc_freeze: bool = True):
         self.device = device
+        self.gc_freeze = gc_freeze  # freeze the objects alive after each engine's warm-up (gc_pauses.py)
         self.static_shapes = check_static_shapes(static_shapes)  # MuseTalk's statically compiled render buckets (before any session)
         self.feature_step_ms = feature_step_ms  # MuseTalk's live Whisper step (None: its default)
         if feature_step_ms is not None:
@@ -83,6 +85,8 @@ class EnginePool:
                 spent = eng.warm_up()  # compile/capture now, not in the first session
                 if spent > 1.0:
                     log.info("engine %s warmed up in %.1f s", name, spent)
+                if self.gc_freeze:  # its modules, graphs and caches: never walked by a collection again
+                    log.info("engine %s: %d objects frozen", name, freeze_warm_objects())
             except Exception as e:  # noqa: BLE001 - any load failure is reported, the server keeps serving
                 self._errors[name] = f"engine {name!r} is not available on this server: {type(e).__name__}: {e}"
                 raise EngineUnavailable(self._errors[name]) from e
@@ -149,6 +153,15 @@ class EnginePool:
     def _batch_graphs(self) -> list:
         """The loaded engines' `BatchGraphs` (engines without that path have none)."""
         return [g for g in (getattr(eng, "batch_graphs", None) for eng in list(self._engines.values())) if g is not None]
+
+    def set_gc_freeze(self, on: bool) -> None:
+        """`ServerConfig.gc_freeze` from now on: freeze the objects alive now (and after each engine
+        loaded later), or unfreeze them (benchmarks compare the two on one server)."""
+        self.gc_freeze = bool(on)
+        if self.gc_freeze:
+            freeze_warm_objects()
+        else:
+            unfreeze()
 
     def set_compose_graphs(self, on: bool) -> None:
         """Whether live sessions compose through their CUDA graphs (compose/session_graphs.py) from

@@ -134,6 +134,15 @@ class LoopLag(BaseModel):
     max_since_start_ms: float
 
 
+class GcInfo(BaseModel):
+    """The process's garbage-collector runs since start (server/gc_pauses.py): each holds the GIL,
+    so a long one stops every live session."""
+    collections: list[int] = Field(description="Runs per generation 0, 1, 2.")
+    pause_ms_total: list[float] = Field(description="Milliseconds spent in them per generation.")
+    long_pauses: list[list[float]] = Field(description="The latest runs of 10 ms or more: [number, ms, generation].")
+    frozen_objects: int = Field(description="Objects in the permanent generation (frozen after engine warm-up).")
+
+
 class Metrics(BaseModel):
     uptime_s: float
     fps: float = Field(description="Frames handed to clients per second, all sessions and jobs, last 5 s.")
@@ -152,6 +161,7 @@ class Metrics(BaseModel):
     render_batching: dict[str, BatchingInfo] = Field(
         default_factory=dict, description="Per engine: how live sessions' renders were merged into shared batches.")
     event_loop_lag: LoopLag
+    gc: GcInfo | None = None
     sessions: list[SessionInfo]
 
 

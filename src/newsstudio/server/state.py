@@ -20,6 +20,7 @@ from ..avatar.store import avatars_root, validate_id
 from ..cpus import usable_cpus
 from ..engines.registry import ENGINES
 from ..live import LiveSession, SessionLimitError, SessionManager
+from .gc_pauses import GC_PAUSES
 from ..render_budget import RenderBudget
 from ..stream import default_device
 from .engines import EnginePool, EngineUnavailable
@@ -93,6 +94,10 @@ class ServerConfig:
     engines/musetalk/face_rows.py): None/"default" ("auto" on CUDA with a compile mode: rows 104-255
     where the avatar's blend allows, +25 % frames/s on an H100, an approximation at 36.9 dB over the
     blended pixels with seeded weights; the whole face elsewhere), "auto", 0 (the whole face) or a row."""
+    gc_freeze: bool = True
+    """After each engine warms up, collect once and freeze every object alive (`gc.freeze`,
+    server/gc_pauses.py): later collections, which hold the GIL and so stop every session, no
+    longer walk the engines' hundreds of thousands of long-lived objects."""
     static_shapes: str | None = None
     """Which of MuseTalk's render buckets compile at their own batch size with a compile mode
     (accel/static.py `static_buckets`): None/"default" ("largest" on CUDA: 639.7 instead of 590.8
@@ -233,10 +238,11 @@ class ServerState:
         self.clips_dir.mkdir(parents=True, exist_ok=True)
         self.fps = Fraction(cfg.fps).limit_denominator(1001)
         stall_s = cfg.batch_stall_s if cfg.batch_stall_s is not None else (60.0 if self.device.type == "cuda" else None)
+        GC_PAUSES.install()  # the process's collector pauses, for /metrics
         self.engines = EnginePool(cfg.engine, self.device, cfg.weights, cfg.models, cfg.accel, cfg.batch_sessions,
                                   cfg.front_end_streams, cfg.render_in_flight, stall_s, cfg.front_end_tf32,
                                   cfg.compose, cfg.triton_convs, cfg.fill_render_batches, cfg.first_face_row,
-                                  cfg.musetalk_feature_step_ms, cfg.static_shapes)
+                                  cfg.musetalk_feature_step_ms, cfg.static_shapes, cfg.gc_freeze)
         if cfg.batch_graphs is not None:
             self.engines.set_batch_graphs(cfg.batch_graphs)  # engines loaded from now on too
         if cfg.compose_graphs is not None:
