@@ -413,6 +413,24 @@ def test_streaming_single_push_equals_offline(tiny_encoder, fps):
     assert torch.allclose(streamed, offline, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("fps", [25, 30])
+def test_window_ranges_equal_the_indexed_gather_at_every_edge(fps):
+    """The live path's `gather_window_range` gives exactly `gather_windows`' values: windows in the
+    left zero padding, inside a block that starts late, reaching past the valid rows, and a block
+    that lacks rows the windows need (the same error)."""
+    w = af.FrameWindowing(fps)
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randn(300, 5, 8, generator=g)
+    for offset, valid, first, stop in [(0, 300, 0, 6), (0, 300, 10, 13), (40, 300, 30, 40), (0, 120, 40, 60),
+                                       (0, 300, 5, 5), (0, 3, 0, 4)]:
+        block = rows[: 300 - offset] if offset else rows
+        expected = af.gather_windows(block, offset, valid, torch.arange(first, stop), w)
+        got = af.gather_window_range(block, offset, valid, first, stop, w)
+        assert got.shape == expected.shape and torch.equal(got, expected), (offset, valid, first, stop)
+    with pytest.raises(ValueError, match="needed but the block holds"):
+        af.gather_window_range(rows[:50], 100, 300, 100, 104, w)  # windows past the block's rows 100-149
+
+
 def test_each_update_encodes_the_received_part_of_its_piece_zero_padded(tiny_encoder):
     """A push's frames come from the completed pieces' rows and the piece being received, encoded as
     if its received samples were the whole audio (zero-padded to 30 s): also after a piece
