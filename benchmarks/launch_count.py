@@ -8,6 +8,11 @@ them: at 12 live MuseTalk sessions on an H200 the launches of a dozen threads wa
 (`cudaLaunchKernel` up to 23 ms, sixteenth session), so launches per request are latency.
 
     python -m benchmarks.launch_count --engine musetalk --frames 8
+    python -m benchmarks.launch_count --engine musetalk --speech-s 6
+
+``--speech-s S`` counts a live MuseTalk stream's speech path instead: S seconds of real speech
+pushed as 20 ms messages (16 kHz) into the engine's live conditioner (log-mel, windows, frame
+queue on the speech thread; the Whisper encoder, one CUDA graph on a GPU, counted apart).
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import tempfile
 from fractions import Fraction
 from pathlib import Path
 
+import numpy as np
 from torch.utils._python_dispatch import TorchDispatchMode
 
 NO_KERNEL = {"aten.lift_fresh.default", "aten._local_scalar_dense.default"}
@@ -82,15 +88,35 @@ def count(engine_name: str, frames: int, size: int) -> dict[str, dict[str, int]]
         return {part: dict(c) for part, c in counter.ops.items()}
 
 
+def count_speech(seconds: float, fps: int = 30) -> dict[str, dict[str, int]]:
+    """{part: {op: count}} for ``seconds`` of speech through MuseTalk's live conditioner."""
+    from newsstudio.builtin import builtin_audio
+    from newsstudio.engines.registry import create_engine
+    from newsstudio.media.audio import load_audio
+
+    engine = create_engine("musetalk", device="cpu", weights="random")
+    counter = LaunchCounter()
+    engine.whisper_states = labelled(counter, "networks", engine.whisper_states)
+    cond = engine.conditioner(fps)
+    pcm = load_audio(builtin_audio("builtin:hello")).mono().resampled(16000).samples[0]
+    pcm = np.tile(pcm, int(np.ceil(seconds * 16000 / pcm.size)))[: int(seconds * 16000)].astype(np.float32)
+    counter.label = "speech thread"
+    with counter:
+        for i in range(0, pcm.size, 320):
+            cond.push(pcm[i:i + 320])
+    return {part: dict(c) for part, c in counter.ops.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--engine", default="musetalk", choices=("classic", "musetalk", "ditto"))
     ap.add_argument("--frames", type=int, default=8, help="frames per request (the server's render_ahead)")
     ap.add_argument("--size", type=int, default=512, help="avatar size (square)")
+    ap.add_argument("--speech-s", type=float, default=0.0, help="count a MuseTalk stream's speech path for this long instead")
     ap.add_argument("--json", help="also write the counts here")
     args = ap.parse_args()
-    parts = count(args.engine, args.frames, args.size)
-    for part in ("session", "render thread", "networks"):
+    parts = count_speech(args.speech_s) if args.speech_s else count(args.engine, args.frames, args.size)
+    for part in ("speech thread",) if args.speech_s else ("session", "render thread", "networks"):
         ops = parts.get(part, {})
         print(f"{part:>13}: {sum(ops.values()):5d} kernels  " + ", ".join(f"{k} {v}" for k, v in sorted(ops.items(), key=lambda kv: -kv[1])[:12]))
     if args.json:

@@ -237,6 +237,19 @@ def test_launch_count_splits_a_live_requests_kernels_by_where_they_run():
     assert sum(render.values()) > 0 and "networks" not in parts  # classic has no graphed networks
 
 
+def test_launch_count_of_a_musetalk_streams_speech_path_keeps_the_encoder_apart():
+    """benchmarks.launch_count --speech-s: the speech thread's own kernels (log-mel, windows) and the
+    Whisper encoder's are counted apart; each update runs one STFT, and pushes between updates none."""
+    from benchmarks.launch_count import count_speech
+
+    parts = count_speech(1.0)
+    speech, encoder = parts["speech thread"], parts["networks"]
+    updates = speech["_fft_r2c"]
+    assert 5 <= updates <= 12  # ~every 100 ms of the second's speech, once enough had arrived
+    assert sum(encoder.values()) > 0 and "_fft_r2c" not in encoder
+    assert speech.get("zeros", 0) <= 1  # no empty result made per push
+
+
 def test_the_benchmark_command_runs_an_engine_and_its_load_test_with_per_engine_flags(tmp_path):
     """benchmarks.run, the one benchmark command, on the CPU (--quick): the classic engine's dense,
     first-frame and MP4 figures, then its load test with the flags given for it by --load-args
