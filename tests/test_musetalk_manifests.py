@@ -530,6 +530,26 @@ def test_fetch_places_files_in_official_layout(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_whisper_graph_with_its_log_mel_captures_and_matches_eager_on_cuda():
+    """The engine's Whisper runner graphs `piece_hidden_states`, the log-mel's STFT included: it
+    must capture (no eager fallback) and give the eager values, for a full and a partial piece."""
+    from functools import partial
+
+    from newsstudio.accel.static import BucketedRunner, fallbacks
+
+    dev = torch.device("cuda")
+    enc = W.random_whisper_encoder(7, dev, config=TINY_WHISPER)
+    runner = BucketedRunner(partial(af.piece_hidden_states, enc), "cudagraph", min_bucket=1, max_bucket=4)
+    pieces = torch.from_numpy(np.stack([_noise_speech(af.PIECE_SAMPLES, k) for k in range(3)])).to(dev)
+    pieces[1, 50_000:] = 0  # a piece still being received
+    before = len(fallbacks())
+    got = runner(pieces)
+    assert len(fallbacks()) == before, fallbacks()
+    expected = af.piece_hidden_states(enc, pieces)
+    assert float((got - expected).norm() / expected.norm()) < 1e-5
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_matches_cpu(tiny, tiny_encoder):
     """Same code on CUDA (TF32 off, as exactness needs): features, latents, UNet, decode."""
     prev = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32

@@ -6,7 +6,7 @@
 . .carry/setup.sh; set -o pipefail; export PATH=/tmp/site/bin:$PATH
 grep -m1 "model name" /proc/cpuinfo; nproc; cat /proc/loadavg
 timeout 150 python -m pytest -q tests/test_musetalk_manifests.py tests/test_accel.py tests/test_gc_pauses.py \
-  -k "cuda or capture or pooled or own_stream or gc or received_part" -p no:cacheprovider 2>&1 | tail -3
+  -k "cuda or capture or pooled or own_stream or gc or received_part or whisper_graph" -p no:cacheprovider 2>&1 | tail -3
 echo "checks done at $SECONDS s"
 SESSIONS=20,20 EXTRA="--gc-freeze off,on" NAME=load_gc_freeze LB=${LB:-400} \
   bash benchmarks/results/2026-12-06-t33/musetalk_defaults.sh

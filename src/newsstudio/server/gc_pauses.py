@@ -14,6 +14,7 @@ tensors, messages) are collected as before, long-lived ones are no longer walked
 """
 from __future__ import annotations
 
+import atexit
 import gc
 import threading
 import time
@@ -67,13 +68,20 @@ class GcPauses:
 
 
 GC_PAUSES = GcPauses()
+_UNFREEZE_AT_EXIT = False
 
 
 def freeze_warm_objects() -> int:
     """Collect once, then move every object alive into the permanent generation (`gc.freeze`):
-    call it after engines warm up. Returns how many objects are frozen."""
+    call it after engines warm up. Returns how many objects are frozen. They are unfrozen when the
+    interpreter exits, so its last collection sees them (else extension modules such as Triton's
+    report them as leaked)."""
+    global _UNFREEZE_AT_EXIT
     gc.collect()
     gc.freeze()
+    if not _UNFREEZE_AT_EXIT:
+        atexit.register(gc.unfreeze)
+        _UNFREEZE_AT_EXIT = True
     return gc.get_freeze_count()
 
 

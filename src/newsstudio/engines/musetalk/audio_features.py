@@ -172,7 +172,7 @@ def _module_device_dtype(module: nn.Module) -> tuple[torch.device, torch.dtype]:
     return p.device, p.dtype
 
 
-StatesFn = Callable[[torch.Tensor], torch.Tensor]  # log-mel [B, 80, 3000] -> states [B, 1500, 5, D]
+StatesFn = Callable[[torch.Tensor], torch.Tensor]  # padded 30 s pieces [B, 480 000] -> states [B, 1500, 5, D]
 
 
 @torch.no_grad()
@@ -193,15 +193,22 @@ def encoder_hidden_states(encoder: nn.Module, features: torch.Tensor) -> torch.T
 
 
 @torch.no_grad()
+def piece_hidden_states(encoder: nn.Module, pieces: torch.Tensor) -> torch.Tensor:
+    """Hidden states of 30 s pieces of 16 kHz audio, each zero-padded to 480 000 samples:
+    `[B, 480000]` -> `[B, 1500, 5, 384]` (`log_mel`, then `encoder_hidden_states`). What a
+    `StatesFn` computes: the MuseTalk engine runs it as one CUDA graph per batch size, the log-mel's
+    ~15 kernels included, so a live stream's update launches none of them itself."""
+    return encoder_hidden_states(encoder, log_mel(pieces))
+
+
+@torch.no_grad()
 def whisper_hidden_states(encoder: nn.Module, waveform: np.ndarray | torch.Tensor, *,
-                          mel: str = "torch", pieces_per_batch: int = 4,
-                          states_fn: StatesFn | None = None) -> torch.Tensor:
+                          mel: str = "torch", pieces_per_batch: int = 4) -> torch.Tensor:
     """Stacked hidden states of a whole 16 kHz waveform: `[1, 1500 * n_pieces, 5, 384]`.
 
     `mel="torch"` computes the log-mel with `log_mel` on the encoder's device, `mel="hf"` with
     the HF extractor on the CPU (the reference's exact call). Pieces go through the encoder in
-    batches of `pieces_per_batch` (batching changes nothing but float rounding). `states_fn`
-    replaces `encoder_hidden_states(encoder, .)` (e.g. the same call under a CUDA graph).
+    batches of `pieces_per_batch` (batching changes nothing but float rounding).
     """
     device, _ = _module_device_dtype(encoder)
     wave = waveform if isinstance(waveform, torch.Tensor) else torch.from_numpy(np.asarray(waveform, np.float32))
@@ -213,15 +220,14 @@ def whisper_hidden_states(encoder: nn.Module, waveform: np.ndarray | torch.Tenso
     for s in range(0, len(pieces), pieces_per_batch):
         batch = pieces[s:s + pieces_per_batch]
         if mel == "hf":
-            feats = torch.cat([log_mel_hf(p) for p in batch])
+            out.append(encoder_hidden_states(encoder, torch.cat([log_mel_hf(p) for p in batch])))
         elif mel == "torch":
             rows = torch.zeros(len(batch), PIECE_SAMPLES, dtype=torch.float32, device=device)
             for j, p in enumerate(batch):
                 rows[j, :p.shape[0]] = to_device(p, device, torch.float32)
-            feats = log_mel(rows)
+            out.append(piece_hidden_states(encoder, rows))
         else:
             raise ValueError(f"mel must be 'torch' or 'hf', got {mel!r}")
-        out.append(states_fn(feats) if states_fn is not None else encoder_hidden_states(encoder, feats))
     stacked = torch.cat(out, dim=0)  # [P, 1500, 5, D]
     return stacked.reshape(1, -1, *stacked.shape[2:])
 
@@ -444,6 +450,9 @@ class StreamingAudioFeatures:
             raise ValueError("extra_lookahead_rows must be >= 0")
         if mel not in ("torch", "hf"):
             raise ValueError(f"mel must be 'torch' or 'hf', got {mel!r}")
+        if mel == "hf" and states_fn is not None:
+            raise ValueError("states_fn takes waveform pieces (its log-mel included); mel='hf' computes the log-mel "
+                             "with the HF extractor on the CPU: use one or the other")
         self.mel = mel
         self.samples_received = 0
         self.frames_emitted = 0
@@ -466,7 +475,7 @@ class StreamingAudioFeatures:
         what `whisper_hidden_states` gives for those samples alone."""
         if self._padded is None:
             return whisper_hidden_states(self.encoder, torch.from_numpy(self._piece[:self._piece_len].copy()),
-                                         mel=self.mel, states_fn=self.states_fn)[0]
+                                         mel=self.mel)[0]
         lo, hi = self._padded_len, self._piece_len
         if hi > lo:  # the samples that arrived since the last update
             new, dest = torch.from_numpy(self._piece[lo:hi]), self._padded[lo:hi]
@@ -475,8 +484,8 @@ class StreamingAudioFeatures:
             else:
                 dest.copy_(new)
             self._padded_len = hi
-        feats = log_mel(self._padded[None])  # zero past the received samples, as Whisper pads
-        states = self.states_fn(feats) if self.states_fn is not None else encoder_hidden_states(self.encoder, feats)
+        pieces = self._padded[None]  # zero past the received samples, as Whisper pads
+        states = self.states_fn(pieces) if self.states_fn is not None else piece_hidden_states(self.encoder, pieces)
         return states[0]
 
     def _piece_done(self) -> None:

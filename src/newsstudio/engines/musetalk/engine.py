@@ -45,7 +45,7 @@ from ...avatar.packet import Packet, PacketError
 from ..base import AvatarLayer, Engine, FrameQueue, neural_defaults, same_layer_runs, warn_random_weights
 from ..batching import TensorBatcher
 from ..model_cache import ModelCache
-from .audio_features import SAMPLE_RATE, PositionalEncoding, audio_prompts, encoder_hidden_states, log_mel
+from .audio_features import PIECE_SAMPLES, SAMPLE_RATE, PositionalEncoding, audio_prompts, piece_hidden_states
 from .batch_graphs import BatchGraphs
 from .frame_queues import MuseTalkConditioner, feature_step_rows
 from .face_rows import resolve_face_rows, store_upper_stats, stored_upper_stats
@@ -274,7 +274,7 @@ class MuseTalkEngine(Engine):
         self.batch_graphs = (BatchGraphs(device, use_graphs=graphs_here, enabled=batch_graphs is not False)
                              if batch_graphs is not False and (graphs_here or batch_graphs) else None)
         # Whisper over whole 30 s pieces (1-4 per call): a fixed shape, ~100 small kernels per run.
-        self._whisper_runner = BucketedRunner(partial(encoder_hidden_states, self.models.whisper_encoder),
+        self._whisper_runner = BucketedRunner(partial(piece_hidden_states, self.models.whisper_encoder),
                                               self.front_end_accel, min_bucket=1, max_bucket=WHISPER_BUCKET_MAX)
         self.audio_batcher: TensorBatcher | None = None  # the server's streams share Whisper calls
         self._parser = None
@@ -440,10 +440,10 @@ class MuseTalkEngine(Engine):
         return MuseTalkConditioner(self.models.whisper_encoder, fps, self.sample_rate, states_fn=self.whisper_states,
                                    update_rows=self.live_update_rows)
 
-    def whisper_states(self, mel: torch.Tensor) -> torch.Tensor:
-        """Whisper hidden states of log-mel pieces: graphed when it can be, through the streams'
-        shared batcher on a server."""
-        return self.audio_batcher(mel) if self.audio_batcher is not None else self._whisper_runner(mel)
+    def whisper_states(self, pieces: torch.Tensor) -> torch.Tensor:
+        """Whisper hidden states of zero-padded 30 s pieces (log-mel and encoder: one graph when it
+        can be), through the streams' shared batcher on a server."""
+        return self.audio_batcher(pieces) if self.audio_batcher is not None else self._whisper_runner(pieces)
 
     def use_stream_batchers(self, own_streams: bool = False) -> dict[str, TensorBatcher]:
         """Live streams re-encode their current 30 s Whisper piece every 100 ms; on a server their
@@ -543,8 +543,8 @@ class MuseTalkEngine(Engine):
         """Compile (with a compile mode) and capture UNet + decode and Whisper for every batch bucket."""
         with torch.inference_mode():
             seconds = self._face_runner.warm_up(self.example_face_inputs(1))
-            mel = log_mel(torch.zeros(1, SAMPLE_RATE, device=self.device))
-            return seconds + self._whisper_runner.warm_up((mel,))
+            piece = torch.zeros(1, PIECE_SAMPLES, device=self.device)
+            return seconds + self._whisper_runner.warm_up((piece,))
 
     def example_face_inputs(self, batch: int, whole_face: bool = False) -> tuple[torch.Tensor, ...]:
         """``_faces`` inputs of ``batch`` rows (zero latents, the silence prompt, and with
