@@ -44,3 +44,29 @@ def test_freezing_takes_the_objects_alive_out_of_later_collections():
     finally:
         unfreeze()
     assert gc.get_freeze_count() == 0 and walked(keep)
+
+
+def test_a_server_freezes_after_an_engine_loads_only_while_nothing_else_runs(tmp_path):
+    """`serve` freezes the objects alive once an engine has warmed up, but not while sessions or
+    jobs run: their objects would be frozen with it and never collected after they end."""
+    from newsstudio.server.app import create_app
+    from newsstudio.server.state import ServerConfig
+
+    def pool(busy: int):
+        cfg = ServerConfig(engine="classic", device="cpu", warm=False, avatars=tmp_path / "avatars", clips=tmp_path / "clips")
+        engines = create_app(cfg).state.ns.engines
+        engines.work_in_progress = lambda: busy
+        return engines
+
+    unfreeze()
+    try:
+        busy = pool(busy=2)
+        busy.get("classic")
+        assert gc.get_freeze_count() == 0
+        idle = pool(busy=0)
+        idle.get("classic")
+        assert gc.get_freeze_count() > 0
+        busy.close()
+        idle.close()
+    finally:
+        unfreeze()

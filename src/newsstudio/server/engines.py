@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,6 +31,8 @@ class EnginePool:
                  feature_step_ms: int | None = None, static_shapes: str | None = None, gc_freeze: bool = True):
         self.device = device
         self.gc_freeze = gc_freeze  # freeze the objects alive after each engine's warm-up (gc_pauses.py)
+        # what else is working (ServerState: live sessions, clip jobs): a freeze would keep their objects for good
+        self.work_in_progress: Callable[[], int] = lambda: 0
         self.static_shapes = check_static_shapes(static_shapes)  # MuseTalk's statically compiled render buckets (before any session)
         self.feature_step_ms = feature_step_ms  # MuseTalk's live Whisper step (None: its default)
         if feature_step_ms is not None:
@@ -85,8 +88,7 @@ class EnginePool:
                 spent = eng.warm_up()  # compile/capture now, not in the first session
                 if spent > 1.0:
                     log.info("engine %s warmed up in %.1f s", name, spent)
-                if self.gc_freeze:  # its modules, graphs and caches: never walked by a collection again
-                    log.info("engine %s: %d objects frozen", name, freeze_warm_objects())
+                self._freeze_if_idle(name)
             except Exception as e:  # noqa: BLE001 - any load failure is reported, the server keeps serving
                 self._errors[name] = f"engine {name!r} is not available on this server: {type(e).__name__}: {e}"
                 raise EngineUnavailable(self._errors[name]) from e
@@ -153,6 +155,18 @@ class EnginePool:
     def _batch_graphs(self) -> list:
         """The loaded engines' `BatchGraphs` (engines without that path have none)."""
         return [g for g in (getattr(eng, "batch_graphs", None) for eng in list(self._engines.values())) if g is not None]
+
+    def _freeze_if_idle(self, name: str) -> None:
+        """Freeze the objects alive now (the engine just loaded: its modules, graphs and caches) out
+        of later collections, unless sessions or jobs are running: frozen objects are never
+        collected, and theirs would turn into garbage when they end."""
+        if not self.gc_freeze:
+            return
+        busy = self.work_in_progress()
+        if busy:
+            log.info("engine %s: objects not frozen (%d sessions or jobs running)", name, busy)
+            return
+        log.info("engine %s: %d objects frozen", name, freeze_warm_objects())
 
     def set_gc_freeze(self, on: bool) -> None:
         """`ServerConfig.gc_freeze` from now on: freeze the objects alive now (and after each engine

@@ -97,7 +97,8 @@ class ServerConfig:
     gc_freeze: bool = True
     """After each engine warms up, collect once and freeze every object alive (`gc.freeze`,
     server/gc_pauses.py): later collections, which hold the GIL and so stop every session, no
-    longer walk the engines' hundreds of thousands of long-lived objects."""
+    longer walk the engines' hundreds of thousands of long-lived objects. Skipped for an engine
+    loaded while sessions or jobs run (frozen objects are never collected: theirs would leak)."""
     static_shapes: str | None = None
     """Which of MuseTalk's render buckets compile at their own batch size with a compile mode
     (accel/static.py `static_buckets`): None/"default" ("largest" on CUDA: 639.7 instead of 590.8
@@ -243,6 +244,7 @@ class ServerState:
                                   cfg.front_end_streams, cfg.render_in_flight, stall_s, cfg.front_end_tf32,
                                   cfg.compose, cfg.triton_convs, cfg.fill_render_batches, cfg.first_face_row,
                                   cfg.musetalk_feature_step_ms, cfg.static_shapes, cfg.gc_freeze)
+        self.engines.work_in_progress = lambda: self.sessions.count() + len(self.jobs.active())
         if cfg.batch_graphs is not None:
             self.engines.set_batch_graphs(cfg.batch_graphs)  # engines loaded from now on too
         if cfg.compose_graphs is not None:
