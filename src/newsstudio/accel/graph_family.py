@@ -30,6 +30,8 @@ from collections.abc import Iterator
 
 import torch
 
+from .own_stream import device_index
+
 log = logging.getLogger(__name__)
 
 _POOL_SIZE = 32  # streams per priority in PyTorch's per-device pool (c10/cuda/CUDAStream.cpp)
@@ -47,7 +49,7 @@ def _unique_capture_stream(device: torch.device) -> tuple[torch.cuda.Stream, boo
     """(a high-priority pool stream no other family captures on, True) (the pool is handed out
     round robin, so asking again gives the next one); once all are taken, (a shared one, False),
     with a warning."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = device_index(device)
     high = torch.cuda.Stream.priority_range()[1]
     with _taken_lock:
         taken = _taken.setdefault(index, set())

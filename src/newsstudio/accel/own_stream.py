@@ -30,7 +30,7 @@ import threading
 
 import torch
 
-__all__ = ["capture_stream", "new_stream"]
+__all__ = ["capture_stream", "device_index", "new_stream"]
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def new_stream(device: torch.device | str, high_priority: bool = False) -> torch
     """A CUDA stream on ``device`` that no one else is handed (see the module doc); at the device's
     highest priority where asked. Falls back to a pooled `torch.cuda.Stream`, with a warning, where
     no CUDA runtime library can be found."""
-    index = _index(device)
+    index = device_index(device)
     lib = _cudart()
     if lib is None:
         log.warning("no CUDA runtime library found: streams that must be no one else's come from PyTorch's pool, "
@@ -90,14 +90,15 @@ _capture: dict[int, tuple[torch.cuda.Stream, threading.Lock]] = {}
 _lock = threading.Lock()
 
 
-def _index(device: torch.device | str) -> int:
+def device_index(device: torch.device | str) -> int:
+    """The CUDA device index ``device`` names (the current device for a bare "cuda")."""
     device = torch.device(device)
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def capture_stream(device: torch.device | str) -> tuple[torch.cuda.Stream, threading.Lock]:
     """The stream for graphs captured mid-stream on ``device`` and the lock to hold while using it."""
-    index = _index(device)
+    index = device_index(device)
     with _lock:
         if index not in _capture:
             _capture[index] = (new_stream(torch.device("cuda", index)), threading.Lock())

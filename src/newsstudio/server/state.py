@@ -20,10 +20,10 @@ from ..avatar.store import avatars_root, validate_id
 from ..cpus import usable_cpus
 from ..engines.registry import ENGINES
 from ..live import LiveSession, SessionLimitError, SessionManager
-from .gc_pauses import GC_PAUSES
 from ..render_budget import RenderBudget
 from ..stream import default_device
 from .engines import EnginePool, EngineUnavailable
+from .gc_pauses import GC_PAUSES
 from .jobs import JobManager
 from .tts import EspeakTts
 
