@@ -96,13 +96,13 @@ def check_compose(session, engine, layer, sizes: list[int]) -> list[dict]:
     give the bytes of its direct compose? Each check fails unless the request took the graph path."""
     from newsstudio.compose.session_graphs import ComposeGraphs
 
-    graphs = ComposeGraphs(session._compose, engine.device)
+    graphs = ComposeGraphs(engine.device)
     rows = []
     for i, n in enumerate(sizes):
         (layer_, driving, idx), = _batches(layer, [n], 1, 300 + i)[0]
         rois = engine.render(layer_, driving, idx)
         before = graphs.replays
-        got = graphs.to_host(rois, idx, "nv12")
+        got = graphs.to_host(session._compose, rois, idx, "nv12")
         if got is None or graphs.replays != before + 1:
             raise SystemExit(f"compose of {n} frames did not take the graph path")
         want = session._compose_to_host(idx, "nv12", rois)
@@ -119,7 +119,7 @@ def time_compose(session, engine, layer, n: int, requests: int, threads: int) ->
     from newsstudio.compose.session_graphs import ComposeGraphs
 
     dev = engine.device
-    graphs = ComposeGraphs(session._compose, dev)
+    graphs = ComposeGraphs(dev)
     work = [(engine.render(lay, d, i), i) for lay, d, i in (b[0] for b in _batches(layer, [n], requests, 11))]
     rows = []
     with busy_threads(threads, dev):
@@ -129,7 +129,7 @@ def time_compose(session, engine, layer, n: int, requests: int, threads: int) ->
                 torch.cuda.synchronize(dev)
                 t0 = time.perf_counter()
                 if graphed:
-                    graphs.to_host(rois, idx, "nv12")
+                    graphs.to_host(session._compose, rois, idx, "nv12")
                 else:
                     session._compose_to_host(idx, "nv12", rois)
                 launch.append(time.perf_counter() - t0)

@@ -1654,3 +1654,78 @@ def test_serve_refuses_a_malformed_render_budget_before_loading_anything(tmp_pat
 
     r = CliRunner().invoke(cli, ["serve", "--engine", "classic", "--avatars", str(tmp_path), "--max-render-fps", "musetalk=fast"])
     assert r.exit_code != 0 and "--max-render-fps: 'musetalk=fast' is not N or ENGINE=N" in r.output, r.output
+
+
+
+def test_closed_sessions_leave_nothing_for_the_garbage_collector(server):
+    """A live session's objects (and on a GPU its graphs, buffers and frames) must be freed when it
+    closes, by reference counting: a reference cycle waits for a full collection, which may be
+    minutes away (the thirty-fourth session saw 2.2-3.7 GB of GPU memory freed only by one). A
+    WebSocket session that spoke, was interrupted and was fed over its audio socket, and a WebRTC
+    session fed over its data channel: after both close, no server object is cyclic garbage."""
+    import gc
+
+    from aiortc import RTCPeerConnection, RTCSessionDescription
+    from websockets.asyncio.client import connect
+
+    pcm = np.clip(np.rint(speechlike(0.6, 48000) * 32767), -32768, 32767).astype("<i2")
+
+    async def over_ws(c):
+        async with connect(f"{server.ws_url}/ws", max_size=None) as ws:
+            await ws.send(json.dumps({"type": "start", "avatar": "astro", "engine": "classic", "chunk_frames": 1}))
+            sid = json.loads(await ws.recv())["session"]
+            reader = asyncio.ensure_future(_drain(ws))
+            r = await c.post(f"/sessions/{sid}/speak", files={"audio": ("s.wav", wav_bytes(speechlike(1.0, 22050), 22050), "audio/wav")})
+            assert r.status_code == 200, r.text
+            await asyncio.sleep(0.3)
+            assert (await c.post(f"/sessions/{sid}/interrupt")).json()["interrupted"]
+            async with connect(f"{server.ws_url}/sessions/{sid}/audio?sample_rate=48000&format=s16le") as audio_ws:
+                await audio_ws.send(pcm.tobytes())
+                await asyncio.sleep(0.3)
+            reader.cancel()
+
+    async def over_webrtc(c):
+        pc = RTCPeerConnection()
+        pc.addTransceiver("video", direction="recvonly")
+        pc.addTransceiver("audio", direction="recvonly")
+        channel = pc.createDataChannel("control")
+        await pc.setLocalDescription(await pc.createOffer())
+        r = await c.post("/webrtc/offer", json={"sdp": pc.localDescription.sdp, "type": "offer", "avatar": "astro", "engine": "classic"})
+        assert r.status_code == 200, r.text
+        await pc.setRemoteDescription(RTCSessionDescription(r.json()["sdp"], "answer"))
+        t0 = time.monotonic()
+        while channel.readyState != "open":
+            assert time.monotonic() - t0 < 10
+            await asyncio.sleep(0.05)
+        channel.send(pcm.tobytes())
+        await asyncio.sleep(0.5)
+        await pc.close()
+
+    async def run():
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
+            await over_ws(c)
+            await over_webrtc(c)
+            t0 = time.monotonic()
+            while (await c.get("/metrics")).json()["active_sessions"]:
+                assert time.monotonic() - t0 < 20, "sessions still open"
+                await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)  # the server's own tasks wind down
+
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        asyncio.run(run())
+        gc.collect()
+        ours = sorted({f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.garbage
+                       if type(o).__module__.startswith("newsstudio")})
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert not ours, f"left in reference cycles after the sessions closed: {ours}"
+
+
+async def _drain(ws) -> None:
+    while True:
+        await ws.recv()

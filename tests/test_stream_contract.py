@@ -136,14 +136,42 @@ def test_a_sessions_compose_through_its_plans_equals_composing_directly(astronau
     engine = ClassicEngine(device="cpu")
     layer = engine.load_avatar(astronaut_packet)
     session = StreamSession(engine, layer, background_for(engine, layer.packet), Fraction(25))
-    graphs = ComposeGraphs(session._compose, torch.device("cpu"), max_sizes=2)
+    graphs = ComposeGraphs(torch.device("cpu"), max_sizes=2)
     g = torch.Generator().manual_seed(3)
     hr, wr = layer.roi_hw
     for n, output in ((4, "nv12"), (4, "nv12"), (2, "rgb"), (4, "nv12")):
         rois = torch.rand(n, hr, wr, 3, generator=g) * 255
         idx = torch.randint(0, layer.n_frames, (n,), generator=g)
-        host, done = graphs.to_host(rois, idx, output)
+        host, done = graphs.to_host(session._compose, rois, idx, output)
         assert done is None  # on the CPU: nothing to wait for
         assert torch.equal(host, session._compose(rois, idx, output))
     assert graphs.replays == 4
-    assert graphs.to_host(torch.rand(3, hr, wr, 3), torch.zeros(3, dtype=torch.long), "nv12") is None  # a third size
+    assert graphs.to_host(session._compose, torch.rand(3, hr, wr, 3), torch.zeros(3, dtype=torch.long), "nv12") is None  # a third size
+
+
+def test_a_session_that_composed_through_its_plans_is_freed_when_its_last_reference_goes(astronaut_packet):
+    """A live session's compose graphs hold GPU memory (their pool, its frames): they must go when
+    the session goes, not at the next full garbage collection (which may be minutes away, or never
+    with the server's frozen generations). So no reference cycle: freed with the collector off."""
+    import gc
+    import weakref
+    from fractions import Fraction
+
+    from newsstudio.compose.session_graphs import ComposeGraphs
+    from newsstudio.engines.classic.engine import ClassicEngine
+    from newsstudio.stream import StreamSession, background_for
+
+    engine = ClassicEngine(device="cpu")
+    layer = engine.load_avatar(astronaut_packet)
+    hr, wr = layer.roi_hw
+    gc.collect()
+    gc.disable()
+    try:
+        session = StreamSession(engine, layer, background_for(engine, layer.packet), Fraction(25))
+        session._compose_graphs = ComposeGraphs(torch.device("cpu"))  # as its first request through graphs makes them
+        session._compose_graphs.to_host(session._compose, torch.rand(2, hr, wr, 3) * 255, torch.zeros(2, dtype=torch.long), "nv12")
+        gone = [weakref.ref(session), weakref.ref(session._compose_graphs)]
+        del session
+        assert all(r() is None for r in gone), "a session and its compose graphs outlive their last reference"
+    finally:
+        gc.enable()

@@ -158,8 +158,8 @@ class StreamSession:
         with torch.cuda.stream(side):
             if b.compose_graphs:  # the same compose in ~7 torch calls (compose/session_graphs.py)
                 if self._compose_graphs is None:
-                    self._compose_graphs = ComposeGraphs(self._compose, self.background.device)
-                done = self._compose_graphs.to_host(rois, idx, output)
+                    self._compose_graphs = ComposeGraphs(self.background.device)
+                done = self._compose_graphs.to_host(self._compose, rois, idx, output)
                 if done is not None:
                     return done
             return self._compose_to_host(idx, output, rois)

@@ -252,10 +252,9 @@ class WsSession:
             if self.on_clock:
                 tasks.append(asyncio.ensure_future(self._release()))
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            for t in done:
-                exc = t.exception()
-                if exc is not None:
-                    raise exc
+            failed = next((t.exception() for t in done if t.exception() is not None), None)
+            if failed is not None:
+                raise failed
         except asyncio.TimeoutError:
             await self._error_close(CLOSE_POLICY, "no start message within 30 s")
         except _Protocol as e:
@@ -272,6 +271,12 @@ class WsSession:
                 t.cancel()
             if self.session is not None:
                 self.session.close()
+            # no reference cycle left for the collector (which may not run for minutes): the intake's
+            # interrupt callback refers back to this object, and the tasks hold their errors, whose
+            # tracebacks hold this frame
+            self.intake = None
+            tasks.clear()
+            done = failed = None  # noqa: F841
             if self.closing is not None:
                 code, reason = self.closing
                 if code != CLOSE_NORMAL:
