@@ -174,6 +174,9 @@ def machine() -> dict[str, Any]:
         except OSError:
             info["commit"] = None
     info["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    from .host_speed import host_speed
+
+    info["host_speed"] = host_speed()  # hosts of one GPU model differ here (host_speed.py)
     return info
 
 

@@ -25,7 +25,16 @@ def level_line(r: dict) -> str:
             f"({r.get('requests_per_batch') or 0:.2f} requests) | render busy {r['render_busy_share']:.2f} | "
             f"GIL wait p50/p95 {r.get('gil_wait_p50_ms')}/{r.get('gil_wait_p95_ms')} ms | full GCs "
             f"{r.get('gc_full_collections', '-')}, longest {ms('gc_pause_max_ms')} ms | render call/wait/copy-out "
-            f"{ms('session_render_call_ms')}/{ms('session_render_wait_ms')}/{ms('session_copy_out_ms')} ms")
+            f"{ms('session_render_call_ms')}/{ms('session_render_wait_ms')}/{ms('session_copy_out_ms')} ms | late max "
+            f"{ms('late_max_ms')} ms | loop lag p95/max {ms('loop_lag_p95_ms')}/{ms('loop_lag_max_ms')} ms | GPU MB before/after "
+            f"{ms('gpu_before_mb')}/{ms('gpu_after_mb')}{host_part(r.get('host_speed'))}")
+
+
+def host_part(host: dict | None) -> str:
+    """The host's speed (benchmarks/host_speed.py), where the run recorded it."""
+    if not host:
+        return ""
+    return f" | host: Python loop {host.get('python_loop_1m_ms')} ms, launch {host.get('cuda_launch_us')} us"
 
 
 def main(argv: list[str] | None = None) -> None:

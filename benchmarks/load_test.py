@@ -44,6 +44,7 @@ import numpy as np
 from newsstudio.render_budget import FULL as REFUSED
 
 from .gil_probe import GilProbe
+from .host_speed import host_speed
 from .thread_cpu import own_threads_cpu
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -615,6 +616,7 @@ def main() -> None:
     args.compose = compose_list(args.compose)
     args.formats = format_list(args.format)
     args.format = args.formats[0]
+    args.host_speed = host_speed()  # before the server starts: this host's Python and launch speed (host_speed.py)
     t0 = time.monotonic()
     args.sessions = [int(x) for x in args.sessions.split(",") if x]
     pcm, sr = load_speech(args.speech)
@@ -624,7 +626,9 @@ def main() -> None:
         url, _server, server_cfg, server_state = start_server(args)
     health = httpx.get(url + "/health", timeout=30).json()
     print(f"server {url} ready after {time.monotonic() - t0:.0f} s: device {health['device']}, default engine "
-          f"{health['default_engine']}; {args.format} chunks of {args.chunk_frames} frames, {args.duration:.0f} s per level", file=sys.stderr)
+          f"{health['default_engine']}; {args.format} chunks of {args.chunk_frames} frames, {args.duration:.0f} s per level; host: "
+          f"1M-step Python loop {args.host_speed['python_loop_1m_ms']} ms, CUDA launch {args.host_speed['cuda_launch_us']} us",
+          file=sys.stderr)
     cols = [("sessions", "d"), ("switch_interval_ms", "g"), ("render_lead_ms", "g"), ("send_on_clock", "d"), ("render_ahead", "d"), ("prebuffer_ms", "g"), ("render_in_flight", "d"), ("front_end_streams", "d"), ("sustained", "d"), ("refused", "d"), ("errors", "d"), ("fps_min", ".1f"), ("fps_median", ".1f"), ("jitter_p95_ms", ".1f"), ("late_p50_ms", ".1f"),
             ("late_p95_ms", ".1f"), ("late_max_ms", ".1f"), ("server_fps", ".1f"), ("loop_lag_p95_ms", ".1f"), ("loop_lag_max_ms", ".0f"), ("gc_full_collections", ".0f"), ("gc_pause_max_ms", ".0f"), ("gil_wait_p50_ms", ".2f"), ("gil_wait_p95_ms", ".2f"), ("speaking_share", ".2f"), ("rss_before_mb", ".0f"),
             ("rss_peak_mb", ".0f"), ("rss_after_mb", ".0f"), ("gpu_before_mb", ".0f"), ("gpu_peak_mb", ".0f"), ("gpu_after_mb", ".0f"),
@@ -672,7 +676,7 @@ def run_levels(args, url: str, pcm, sr, levels: list, clients: ClientPool | None
                      "batch_graphs": server_state.engines.batch_graphs() if server_state is not None else None,
                      "compose_graphs": server_state.engines.compose_graphs() if server_state is not None else None,
                      "first_face_row": getattr(server_cfg, "first_face_row", None),
-                     "gc_freeze": getattr(server_cfg, "gc_freeze", None)})
+                     "gc_freeze": getattr(server_cfg, "gc_freeze", None), "host_speed": getattr(args, "host_speed", None)})
         r = rows[-1]
         refused = f"{r['refused']} refused (render capacity), " if r["refused"] else ""
         print(f"[{time.monotonic() - t0:.0f} s] {n} sessions: {r['sustained']} sustained, {refused}{r['errors']} errors {r['error_samples'] or ''}",
