@@ -700,3 +700,24 @@ def test_graph_family_capture_stream_is_freed_for_the_next_family_when_it_is_gon
             gc.collect()
     assert "are shared" not in caplog.text, "a dropped family's stream was never freed"
     assert len(seen) > 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_compose_whose_capture_fails_on_cuda_composes_eagerly_and_the_device_keeps_working():
+    """A compose that cannot be captured (here: it copies to the host mid-capture) fails its capture
+    for real; the session's next requests compose eagerly and the GPU keeps working."""
+    from newsstudio.compose.session_graphs import ComposeGraphs
+
+    dev = torch.device("cuda")
+    graphs = ComposeGraphs(dev)
+
+    def compose(rois, idx, output):
+        scale = float(rois.abs().max().cpu())  # a synchronising copy: not allowed while capturing
+        return rois / max(scale, 1.0)
+
+    rois = torch.rand(2, 8, 8, 3, device=dev)
+    idx = torch.zeros(2, dtype=torch.long, device=dev)
+    assert graphs.to_host(compose, rois, idx, "nv12") is None
+    assert graphs.failed is not None
+    x = torch.randn(64, 64, device=dev)
+    torch.testing.assert_close((x @ x).cpu(), x.cpu() @ x.cpu(), rtol=1e-3, atol=1e-3)

@@ -175,3 +175,35 @@ def test_a_session_that_composed_through_its_plans_is_freed_when_its_last_refere
         assert all(r() is None for r in gone), "a session and its compose graphs outlive their last reference"
     finally:
         gc.enable()
+
+
+def test_a_failed_compose_capture_leaves_the_session_composing_eagerly(astronaut_packet, monkeypatch):
+    """A capture that fails mid-stream (on a GPU: a driver or capture-mode error) must not end the
+    session: that request and every later one compose eagerly, the failure is named once in
+    `accel.static.fallbacks`, and no capture is tried again. (CUDA capture cannot run here; the CUDA
+    test in test_accel.py makes a real one fail.)"""
+    from fractions import Fraction
+
+    from newsstudio.accel import static
+    from newsstudio.compose import session_graphs
+    from newsstudio.compose.session_graphs import ComposeGraphs
+    from newsstudio.engines.classic.engine import ClassicEngine
+    from newsstudio.stream import StreamSession, background_for
+
+    tries = []
+
+    def failing_capture(fn, device, pool=None):
+        tries.append(device)
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(session_graphs, "capture", failing_capture)
+    engine = ClassicEngine(device="cpu")
+    layer = engine.load_avatar(astronaut_packet)
+    session = StreamSession(engine, layer, background_for(engine, layer.packet), Fraction(25))
+    graphs = ComposeGraphs(torch.device("cpu"))
+    graphs.use_graphs = True  # as on a GPU
+    hr, wr = layer.roi_hw
+    for n in (4, 2, 4):
+        assert graphs.to_host(session._compose, torch.rand(n, hr, wr, 3) * 255, torch.zeros(n, dtype=torch.long), "nv12") is None
+    assert len(tries) == 1 and graphs.failed is not None and "capturing" in graphs.failed
+    assert any("ComposeGraphs" in why and "capturing" in why for why in static.fallbacks())

@@ -84,6 +84,12 @@ def _say_once(msg: str) -> None:
         log.warning(msg)
 
 
+def note_fallback(why: str) -> None:
+    """Record (and warn once) that something asked to compile or capture runs eager instead."""
+    _FALLBACKS.append(why[:500])
+    _say_once(why)
+
+
 def fallbacks() -> list[str]:
     """Why each runner of this process that could not compile or capture runs eager instead (one
     line a distinct failure): a benchmark's figures from such a process are not the mode it asked for."""
@@ -260,9 +266,7 @@ class StaticBatchRunner:
         except Exception as exc:
             if not self.fallback_on_error:
                 raise
-            why = f"StaticBatchRunner: {self.mode} failed ({type(exc).__name__}: {exc}); running eager"
-            _FALLBACKS.append(why[:500])
-            _say_once(why)
+            note_fallback(f"StaticBatchRunner: {self.mode} failed ({type(exc).__name__}: {exc}); running eager")
             self.mode, self._graph, self.compiled_fn = "eager", None, None
         self._prepared = True
         return self

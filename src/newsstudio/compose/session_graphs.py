@@ -10,7 +10,9 @@ session's render call took 212-271 ms, of which only 43-125 ms waiting for its s
 once per (request size, output format) over static buffers, and runs a request as: copy its faces
 and frame indices in, replay, start the copy to pinned host memory. Graphs of one session share a
 memory pool and run one at a time (a session renders one request at a time; a lock makes sure).
-Sizes past ``max_sizes`` compose eagerly. Off CUDA the same steps run eagerly (tests).
+Sizes past ``max_sizes`` compose eagerly. Off CUDA the same steps run eagerly (tests). A capture
+that fails (a driver or capture-mode error) costs nothing but speed: that session composes
+eagerly from then on, and `accel.static.fallbacks` names the failure.
 
 The compose is passed with each request, never stored: a `StreamSession` holds its `ComposeGraphs`,
 and a stored bound method would tie the two in a reference cycle, so a closed session's graphs,
@@ -27,6 +29,7 @@ import torch
 
 from ..accel.graph_capture import capture, normal_tensor
 from ..accel.host_copy import to_host_async
+from ..accel.static import note_fallback
 
 #: (rois, idx, output) -> frames: a session's compose (`StreamSession._compose`)
 Compose = Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor]
@@ -50,6 +53,7 @@ class ComposeGraphs:
         self._plans: dict[tuple, _Plan] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self._lock = threading.Lock()
+        self.failed: str | None = None  # why a capture failed: every request composes eagerly since
 
     def to_host(self, compose: Compose, rois: torch.Tensor, idx: torch.Tensor,
                 output: str) -> tuple[torch.Tensor, "torch.cuda.Event | None"] | None:
@@ -60,9 +64,16 @@ class ComposeGraphs:
         with self._lock:
             plan = self._plans.get(key)
             if plan is None:
-                if len(self._plans) >= self.max_sizes or rois.dim() != 4:
+                if self.failed is not None or len(self._plans) >= self.max_sizes or rois.dim() != 4:
                     return None
-                plan = self._plans[key] = self._new_plan(compose, rois, idx, output)
+                try:
+                    plan = self._new_plan(compose, rois, idx, output)
+                except RuntimeError as exc:  # the session keeps going, composing eagerly
+                    self.failed = f"{type(exc).__name__}: {exc}"
+                    note_fallback(f"ComposeGraphs: capture of a {key[0]}-frame {output} compose failed "
+                                  f"({self.failed}); this session composes eagerly")
+                    return None
+                self._plans[key] = plan
             plan.idx.copy_(idx)
             plan.rois.copy_(rois)
             frames = plan.replay() if plan.replay is not None else compose(plan.rois, plan.idx, output)
