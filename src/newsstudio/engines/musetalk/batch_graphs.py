@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ...accel.graph_capture import capture, normal_tensor
-from ...accel.static import BucketedRunner, StaticBatchRunner
+from ...accel.static import BucketedRunner, StaticBatchRunner, note_fallback
 from ..base import AvatarLayer
 from .prebake import grid_from_axes, resize_with_grid
 
@@ -150,7 +150,12 @@ class BatchGraphs:
         static_out = r.graph_outputs
         if self.use_graphs and static_out is not None:
             pool = self._pools.setdefault(id(r.family), torch.cuda.graph_pool_handle())
-            gather = capture(gather, dev, pool)
-            resize_replay = capture(lambda: resize(static_out), dev, pool)
-            return _Plan(r, index, faces, gather, lambda _out: resize_replay())
+            try:
+                gather_replay = capture(gather, dev, pool)
+                resize_replay = capture(lambda: resize(static_out), dev, pool)
+            except RuntimeError as exc:  # the batch still renders: this plan's functions run eagerly
+                note_fallback(f"MuseTalk batch graphs: capturing bucket {bucket}'s gather and resize failed "
+                              f"({type(exc).__name__}: {exc}); they run eagerly")
+            else:
+                return _Plan(r, index, faces, gather_replay, lambda _out: resize_replay())
         return _Plan(r, index, faces, gather, resize)
