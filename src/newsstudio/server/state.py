@@ -334,11 +334,12 @@ class ServerState:
             return None
         out = []
         for i in range(torch.cuda.device_count()):
+            stats = torch.cuda.memory_stats(i)  # one walk of the allocator's statistics (each getter makes them all)
             out.append({
                 "device": f"cuda:{i}",
-                "allocated_bytes": int(torch.cuda.memory_allocated(i)),
-                "reserved_bytes": int(torch.cuda.memory_reserved(i)),
-                "max_allocated_bytes": int(torch.cuda.max_memory_allocated(i)),
+                "allocated_bytes": int(stats.get("allocated_bytes.all.current", 0)),
+                "reserved_bytes": int(stats.get("reserved_bytes.all.current", 0)),
+                "max_allocated_bytes": int(stats.get("allocated_bytes.all.peak", 0)),
                 "total_bytes": int(torch.cuda.get_device_properties(i).total_memory),
             })
         return out
