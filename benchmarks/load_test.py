@@ -138,13 +138,16 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
     frozen = args.gc_freeze if cfg is not None and args.gc_freeze else [None]
     compose = args.compose if cfg is not None and args.compose else [None]
     formats = args.formats if len(getattr(args, "formats", [])) > 1 else [None]  # the clients' choice: any server
-    for si, lead, paced, ahead, in_flight, own, rows, mode, fmt, phases, filled, graphed, cgraphed, freeze in itertools.product(
+    for si, lead, paced, ahead, in_flight, own, rows, mode, fmt, phases, filled, graphed, cgraphed, freeze, spaced in itertools.product(
             values(args.switch_intervals, float, local=False), values(args.render_leads, float), on_clock,
             values(args.render_aheads, int), values(args.render_in_flight, int), front_end,
-            values(args.live_update_rows, int), compose, formats, spread, fill, graphs, composed, frozen):
+            values(args.live_update_rows, int), compose, formats, spread, fill, graphs, composed, frozen,
+            values(args.speech_push_intervals_ms, float)):
         def apply(si=si, lead=lead, paced=paced, ahead=ahead, in_flight=in_flight, own=own, rows=rows,
                   mode=mode, fmt=fmt, phases=phases, filled=filled, graphed=graphed, cgraphed=cgraphed,
-                  freeze=freeze) -> None:
+                  freeze=freeze, spaced=spaced) -> None:
+            if spaced is not None:  # read as each new session's speech intake is made
+                cfg.speech_push_interval_s = spaced / 1000
             if freeze is not None:  # freeze what is alive now, or unfreeze it
                 cfg.gc_freeze = freeze
                 state.engines.set_gc_freeze(freeze)
@@ -196,7 +199,8 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
             None if filled is None else f"render batches {'filled to their buckets' if filled else 'as queued'}",
             None if graphed is None else f"one-avatar batches {'by batch graphs' if graphed else 'by the general path'}",
             None if cgraphed is None else f"sessions compose {'through their graphs' if cgraphed else 'directly'}",
-            None if freeze is None else f"warm objects {'frozen out of' if freeze else 'walked by'} garbage collections") if part)
+            None if freeze is None else f"warm objects {'frozen out of' if freeze else 'walked by'} garbage collections",
+            None if spaced is None else f"speech pushed {f'every {spaced:g} ms at most' if spaced else 'as it comes'}") if part)
         out.append((label, apply))
     return out
 
@@ -568,6 +572,9 @@ def main() -> None:
     ap.add_argument("--front-end-tf32", action=argparse.BooleanOptionalAction, default=None,
                     help="ServerConfig.front_end_tf32 (Ditto's HuBERT and LMDM graphs with TF32 matmuls; default: the "
                          "server's, on; server started here)")
+    ap.add_argument("--speech-push-intervals-ms", default=None,
+                    help="comma-separated ServerConfig.speech_push_interval_s values (ms): streamed speech pushed into "
+                         "a session at most this often; each level runs under each (server started here)")
     ap.add_argument("--render-leads", default=None,
                     help="comma-separated ServerConfig.render_lead_s values (s): each level runs under each (server started here)")
     ap.add_argument("--send-on-clock", default=None,
@@ -676,7 +683,8 @@ def run_levels(args, url: str, pcm, sr, levels: list, clients: ClientPool | None
                      "batch_graphs": server_state.engines.batch_graphs() if server_state is not None else None,
                      "compose_graphs": server_state.engines.compose_graphs() if server_state is not None else None,
                      "first_face_row": getattr(server_cfg, "first_face_row", None),
-                     "gc_freeze": getattr(server_cfg, "gc_freeze", None), "host_speed": getattr(args, "host_speed", None)})
+                     "gc_freeze": getattr(server_cfg, "gc_freeze", None), "host_speed": getattr(args, "host_speed", None),
+                     "speech_push_interval_ms": getattr(server_cfg, "speech_push_interval_s", 0.0) * 1e3})
         r = rows[-1]
         refused = f"{r['refused']} refused (render capacity), " if r["refused"] else ""
         print(f"[{time.monotonic() - t0:.0f} s] {n} sessions: {r['sustained']} sustained, {refused}{r['errors']} errors {r['error_samples'] or ''}",

@@ -573,3 +573,65 @@ def test_render_phase_puts_each_full_request_on_the_sessions_phase(engine, avata
     # all started at 0: unphased (and phase 0) they ask at the same frames; other phases elsewhere
     grid = {frac: {k % ahead for k in ks[1:]} for frac, ks in starts.items()}
     assert grid == {None: {0}, 0.0: {0}, 0.3: {2}, 0.75: {6}}, grid
+
+
+def test_speech_intake_spaces_its_pushes_but_not_its_controls(engine, avatars, hello):
+    """``push_interval_s`` (server/speech_intake.py): 20 ms messages arriving in real time reach the
+    session in about one push per interval, all of the speech in order; the first push after a
+    pause is not held, and an interrupt arriving while speech is gathered is not held either."""
+    import asyncio
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from newsstudio.server.speech_intake import SpeechIntake
+
+    s, ts = new_session(engine, avatars["photo"])
+    speech = hello.mono().resampled(SR).samples[0][: SR * 6 // 10]  # 0.6 s: 30 messages of 20 ms
+    pool = ThreadPoolExecutor(1)
+
+    async def run(interval: float) -> tuple[int, int, float]:
+        intake = SpeechIntake(s, pool, SR, push_interval_s=interval)
+        feeder = asyncio.ensure_future(intake.feed())
+        t0 = time.perf_counter()
+        for i, a in enumerate(range(0, speech.size, SR // 50)):
+            intake.pcm(speech[a : a + SR // 50])
+            if i == 0:
+                await asyncio.sleep(0.005)
+                first = intake.pushes  # pushed at once: nothing was pushed before
+            await asyncio.sleep(max(0.0, t0 + (i + 1) * 0.02 - time.perf_counter()))
+        intake.end()
+        intake.close()
+        await feeder
+        return first, intake.pushes, s._current.n_src
+
+    first, pushes, received = asyncio.run(run(0.1))
+    assert first == 1 and received == speech.size
+    assert 5 <= pushes <= 9, pushes  # ~0.6 s / 0.1 s (+ the first and the last)
+    _, pushes_at_once, _ = asyncio.run(run(0.0))
+    assert pushes_at_once > 2 * pushes
+
+    async def interrupted() -> float:
+        replies: list[dict] = []
+
+        async def reply(info: dict) -> None:
+            replies.append(info)
+
+        intake = SpeechIntake(s, pool, SR, on_interrupted=reply, push_interval_s=1.0)
+        feeder = asyncio.ensure_future(intake.feed())
+        intake.pcm(speech[:960])
+        await asyncio.sleep(0.05)  # pushed at once; the next speech waits up to 1 s
+        intake.pcm(speech[960:1920])
+        await asyncio.sleep(0.05)
+        t0 = time.perf_counter()
+        intake.interrupt()
+        while not replies:
+            await asyncio.sleep(0.005)
+        took = time.perf_counter() - t0
+        intake.close()
+        await feeder
+        assert intake.pushes == 1  # the gathered speech was cut before it was pushed
+        return took
+
+    assert asyncio.run(interrupted()) < 0.5
+    s.close()
+    pool.shutdown()

@@ -407,6 +407,9 @@ def serve(
                                          "due and sent when due, so a busy GPU's render time does not reach clients "
                                          "as jitter (adds as much latency; 150 with --render-ahead 8 --prebuffer-ms "
                                          "270 kept 8 Ditto streams at 30 fps on time on an H200)."),
+    speech_push_interval_ms: float = typer.Option(0.0, min=0.0, help="Streamed speech is pushed into a session at most "
+                                                  "this often, what arrived meanwhile at once (fewer event-loop round "
+                                                  "trips; speech reaches the engine up to this much later; 0: at once)."),
     render_in_flight: int = typer.Option(2, min=0, help="Shared render batches on the GPU at once "
                                          "(0: no bound); a bound makes batches form at the GPU's pace."),
     front_end_streams: bool = typer.Option(True, "--front-end-streams/--no-front-end-streams",
@@ -480,7 +483,7 @@ def serve(
                        render_ahead=render_ahead, prebuffer_s=prebuffer_ms / 1000, front_end_streams=front_end_streams,
                        front_end_tf32=front_end_tf32, triton_convs=triton_convs,
                        render_in_flight=render_in_flight, render_lead_s=render_lead_ms / 1000, compose=compose,
-                       spread_render_phases=spread_render_phases, max_render_fps=max_render_fps,
+                       speech_push_interval_s=speech_push_interval_ms / 1000, spread_render_phases=spread_render_phases, max_render_fps=max_render_fps,
                        fill_render_batches=fill_render_batches, first_face_row=first_face_row, static_shapes=static_shapes,
                        musetalk_feature_step_ms=musetalk_feature_step_ms, batch_graphs=batch_graphs,
                        compose_graphs=compose_graphs, gc_freeze=gc_freeze)

@@ -25,6 +25,7 @@ from ..stream import default_device
 from .engines import EnginePool, EngineUnavailable
 from .gc_pauses import GC_PAUSES
 from .jobs import JobManager
+from .speech_intake import SpeechIntake
 from .tts import EspeakTts
 
 GOLDEN_STEP = (5 ** 0.5 - 1) / 2  # 0.618...: successive multiples mod 1 stay nearly evenly spread
@@ -121,6 +122,11 @@ class ServerConfig:
     error instead of falling silent, and /health answers 503 naming the batcher (so a supervisor
     can restart the server). None: 60 s on CUDA (a batch takes milliseconds there), off on the
     CPU (a slow machine's batch may take long)."""
+    speech_push_interval_s: float = 0.0
+    """Streamed speech (WebSocket, audio socket, WebRTC data channel) is pushed into a session at most
+    this often, what arrived meanwhile in one push (server/speech_intake.py): fewer event-loop round
+    trips and speech-thread wake-ups per second, at up to this much later speech for the engine. 0:
+    whenever the previous push is done."""
     render_lead_s: float = 0.0
     """WebSocket chunks are rendered this long before they are due, so the render latency of a busy
     shared GPU batch does not reach the client as jitter. Sessions' speech prebuffer grows by the
@@ -329,6 +335,10 @@ class ServerState:
             raise HTTPException(404, f"no live session {session_id!r} (it may have been closed)") from None
 
     # -- gpu
+    def speech_intake(self, session: LiveSession, sample_rate: int, **kw: Any) -> SpeechIntake:
+        """A streamed-speech intake for ``session`` on the server's speech pool, spaced as configured."""
+        return SpeechIntake(session, self.speech_pool, sample_rate, push_interval_s=self.cfg.speech_push_interval_s, **kw)
+
     def gpu_memory(self) -> list[dict[str, Any]] | None:
         if not torch.cuda.is_available():
             return None

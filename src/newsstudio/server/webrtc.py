@@ -31,7 +31,6 @@ from fastapi import HTTPException
 
 from ..live import LiveSession, SessionError
 from . import models as m
-from .speech_intake import SpeechIntake
 from .state import ServerState
 from .video import video_frame
 
@@ -198,7 +197,7 @@ class WebRtcHub:
                 channel.send(json.dumps({"type": "interrupted", **info}))
 
             # speech input in arrival order, off the event loop, never a backlog (speech_intake.py)
-            intake = SpeechIntake(session, state.speech_pool, 48000, on_interrupted=interrupted, on_error=report)
+            intake = state.speech_intake(session, 48000, on_interrupted=interrupted, on_error=report)
             consumer = asyncio.ensure_future(intake.feed())
             channel.on("close", consumer.cancel)
 

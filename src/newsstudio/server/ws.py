@@ -155,7 +155,7 @@ def register_ws(app: FastAPI, state: ServerState) -> None:
         if format not in ("s16le", "f32le") or not 8000 <= sample_rate <= 192000:
             await ws.close(CLOSE_POLICY, "format must be s16le or f32le and sample_rate 8000..192000")
             return
-        intake = SpeechIntake(session, state.speech_pool, sample_rate)
+        intake = state.speech_intake(session, sample_rate)
         feeder = asyncio.ensure_future(intake.feed())
         reader = asyncio.ensure_future(_read_speech(ws, intake, format))
         error: BaseException | None = None
@@ -245,8 +245,8 @@ class WsSession:
                 "sample_rate": s.out_rate, "audio_format": "f32le", "channels": 1, "format": self.opts["format"],
                 "chunk_frames": self.opts["chunk_frames"], "engine": s.engine_name, "avatar": s.avatar_id,
             }))
-            self.intake = SpeechIntake(s, self.state.speech_pool, self.opts["sample_rate"],
-                                       on_interrupted=lambda info: self._text({"type": "interrupted", **info}))
+            self.intake = self.state.speech_intake(s, self.opts["sample_rate"],
+                                                   on_interrupted=lambda info: self._text({"type": "interrupted", **info}))
             tasks = [asyncio.ensure_future(self._pump()), asyncio.ensure_future(self._send()),
                      asyncio.ensure_future(self._receive()), asyncio.ensure_future(self._feed())]
             if self.on_clock:
