@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import gc
-
 import time
 
 from newsstudio.server.gc_pauses import GC_PAUSES, GcPauses, freeze_warm_objects, unfreeze
