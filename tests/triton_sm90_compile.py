@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import inspect
 import json
+import multiprocessing
 import os
 import re
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -180,24 +182,35 @@ def compile_group_norm(channels: int, dtype: torch.dtype, which: str = "chunked"
     return record
 
 
+def _layer_job(job: tuple[LayerShape, torch.dtype, str]) -> list[dict]:
+    return compile_layer(*job)
+
+
+def _norm_job(job: tuple[int, torch.dtype, str]) -> dict:
+    return compile_group_norm(*job)
+
+
 def main() -> int:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("unset TRITON_INTERPRET: this compiles for the GPU", file=sys.stderr)
         return 2
+    layer_jobs = [(shape, dtype, kernel) for shape in SHAPES for dtype in (torch.float16, torch.float8_e4m3fn)
+                  for kernel in ("pointer", "tma")]
+    norm_jobs = [(channels, dtype, which) for channels in NORM_CHANNELS
+                 for dtype, which in ((torch.float16, "chunked"), (torch.float32, "chunked"), (torch.float16, "streaming"),
+                                      (torch.float32, "streaming"), (torch.float16, "apply"), (torch.float16, "modulate"))]
     failures = 0
     count = 0
-    for shape in SHAPES:
-        for dtype in (torch.float16, torch.float8_e4m3fn):
-            for kernel in ("pointer", "tma"):
-                for record in compile_layer(shape, dtype, kernel):
-                    count += 1
-                    bad = "error" in record or record["shared"] > SM90_SHARED_BYTES or not record["async_loads"]
-                    failures += bad
-                    print(json.dumps(record), flush=True)
-    for channels in NORM_CHANNELS:
-        for dtype, which in ((torch.float16, "chunked"), (torch.float32, "chunked"), (torch.float16, "streaming"),
-                             (torch.float32, "streaming"), (torch.float16, "apply"), (torch.float16, "modulate")):
-            record = compile_group_norm(channels, dtype, which)
+    # each compile is one CPU's work (Triton's passes, then ptxas): one worker per CPU, records in order
+    workers = max(1, min(len(os.sched_getaffinity(0)), 8))
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for records in pool.map(_layer_job, layer_jobs):
+            for record in records:
+                count += 1
+                bad = "error" in record or record["shared"] > SM90_SHARED_BYTES or not record["async_loads"]
+                failures += bad
+                print(json.dumps(record), flush=True)
+        for record in pool.map(_norm_job, norm_jobs):
             count += 1
             failures += "error" in record or record["shared"] > SM90_SHARED_BYTES
             print(json.dumps(record), flush=True)
