@@ -7,14 +7,61 @@ thread-local mode (other threads keep launching meanwhile) into ``pool``, and re
 replay. Both run on the process's capture stream (`own_stream.capture_stream`, one capture at a
 time): a pooled `torch.cuda.Stream` may be another thread's stream too, whose work would then
 break the capture.
+
+A capture that fails must leave the device as it found it. PyTorch marks the CUDA random number
+generators "capturing" at ``capture_begin`` and unmarks them only in a ``capture_end`` that
+succeeds: after a failed one, every later random draw on the device raised "Offset increment
+outside graph capture encountered unexpectedly" (H100, thirty-fifth session). `capturing` ends a
+failed capture with a tiny capture that succeeds, which unmarks them.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
 import torch
 
 from .own_stream import capture_stream
+
+
+@contextlib.contextmanager
+def capturing(graph: torch.cuda.CUDAGraph, pool: object | None = None) -> Iterator[None]:
+    """Capture what the block launches on the current stream into ``graph`` (thread-local mode);
+    if the block or the capture fails, the error propagates and the device's random number
+    generators are usable again (see the module doc)."""
+    graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+    try:
+        yield
+    except BaseException:
+        _end_failed(graph)
+        raise
+    try:
+        graph.capture_end()
+    except RuntimeError:
+        _release_generators()
+        raise
+
+
+def _end_failed(graph: torch.cuda.CUDAGraph) -> None:
+    try:
+        graph.capture_end()
+    except RuntimeError:  # the capture was invalidated: the block's own error says why
+        _release_generators()
+
+
+def _release_generators(attempts: int = 3) -> None:
+    """One tiny capture that succeeds on the current stream: its ``capture_end`` unmarks the
+    device's random number generators that a failed capture left marked."""
+    buf = torch.zeros(1, device=torch.cuda.current_stream().device)
+    for _ in range(attempts):
+        probe = torch.cuda.CUDAGraph()
+        probe.capture_begin(capture_error_mode="thread_local")
+        buf.add_(1)
+        try:
+            probe.capture_end()
+            return
+        except RuntimeError:  # invalidated too (another thread's device-wide call): try again
+            continue
 
 
 def capture(fn: Callable[[], None], device: torch.device, pool: object | None = None) -> Callable[[], None]:
@@ -28,11 +75,8 @@ def capture(fn: Callable[[], None], device: torch.device, pool: object | None = 
         with torch.cuda.stream(side):
             fn()
             graph = torch.cuda.CUDAGraph()
-            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
-            try:
+            with capturing(graph, pool):
                 fn()
-            finally:
-                graph.capture_end()
         cur.wait_stream(side)
     return graph.replay
 

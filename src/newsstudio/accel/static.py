@@ -55,6 +55,7 @@ from typing import Any
 import torch
 
 from .cache import configure_compile_cache
+from .graph_capture import capturing
 from .graph_family import GraphFamily
 from .layout import memory_format_of
 from .precision import tf32 as tf32_math
@@ -321,7 +322,7 @@ class StaticBatchRunner:
             torch.cuda.synchronize(dev)
             graph = torch.cuda.CUDAGraph()
             capture = self.family.capture_stream(dev)  # the family's own cuBLAS workspace
-            with torch.no_grad(), torch.cuda.graph(graph, stream=capture, capture_error_mode="thread_local"):  # other sessions keep launching
+            with torch.no_grad(), torch.cuda.stream(capture), capturing(graph):  # thread-local: other sessions keep launching
                 out = target(*self.static_inputs)
         torch.cuda.synchronize(dev)
         self._graph, self._static_out = graph, out
