@@ -1,4 +1,4 @@
-# Thirty-fifth session, call 2: what breaks a thread-local capture beside busy threads (benchmarks/capture_probe.py),
+# Thirty-fifth session, call 5: what breaks a thread-local capture beside busy threads (benchmarks/capture_probe.py),
 # whether random draws work after a failed capture (the fix in accel/graph_capture.py), and the CUDA capture tests.
 . .carry/setup.sh; set -o pipefail; export PATH=/tmp/site/bin:$PATH
 timeout 100 python -m benchmarks.capture_probe --captures 40 2>&1 | grep -v Warn | tee $OUT/capture_probe.jsonl
