@@ -2,11 +2,13 @@
 random number generators still work after a capture that failed.
 
 Why: `accel.graph_capture.capture` makes a live session's graphs while other sessions keep
-launching; on the thirty-fifth session's H100 its test (other threads cycling through 64 streams)
-failed 4 of 5 runs with ``cudaErrorStreamCaptureInvalidated``, and a failed capture left every
-later random draw failing. Each variant runs captures while two threads work on 64 streams each,
-ending each cycle with a different wait: the whole device (``torch.cuda.synchronize``), each
-stream, or one event. Prints one JSON line per variant.
+launching; on the thirty-fifth session's H100 its test (other threads cycling through 64 streams,
+each cycle ended with ``torch.cuda.synchronize``) failed 6 of 7 runs with
+``cudaErrorStreamCaptureInvalidated``, and a failed capture left every later random draw failing.
+Each variant runs captures while two threads work on 64 streams each, ending each cycle with a
+different wait: the whole device (expected to invalidate captures: CUDA lets a device-wide wait
+from any thread invalidate every capture on that GPU, whatever its mode), each stream, or one
+event (what the server's threads do). Prints one JSON line per variant.
 
     python -m benchmarks.capture_probe --captures 40
 """

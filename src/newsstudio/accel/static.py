@@ -164,8 +164,11 @@ def _fill_padded_(buf: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def _sync(device: torch.device) -> None:
+    """Wait for this thread's stream, not the device: a device-wide wait (``torch.cuda.synchronize``)
+    from any thread invalidates every graph capture in progress on that GPU, whatever its capture
+    mode (CUDA's rule; a live session's compose capture, say, while an engine warms up)."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        torch.cuda.current_stream(device).synchronize()
 
 
 # --------------------------------------------------------------------------------------------
@@ -319,12 +322,12 @@ class StaticBatchRunner:
                 for _ in range(self.warmup):
                     target(*self.static_inputs)
             cur.wait_stream(side)
-            torch.cuda.synchronize(dev)
+            side.synchronize()  # the warm-up done; not the device's other streams (see `_sync`)
             graph = torch.cuda.CUDAGraph()
             capture = self.family.capture_stream(dev)  # the family's own cuBLAS workspace
             with torch.no_grad(), torch.cuda.stream(capture), capturing(graph):  # thread-local: other sessions keep launching
                 out = target(*self.static_inputs)
-        torch.cuda.synchronize(dev)
+        _sync(dev)
         self._graph, self._static_out = graph, out
         self.capture_seconds = time.perf_counter() - t0
 
