@@ -7,8 +7,8 @@ each cycle ended with ``torch.cuda.synchronize``) failed 6 of 7 runs with
 ``cudaErrorStreamCaptureInvalidated``, and a failed capture left every later random draw failing.
 Each variant runs captures while two threads work on 64 streams each, ending each cycle with a
 different wait: the whole device (expected to invalidate captures: CUDA lets a device-wide wait
-from any thread invalidate every capture on that GPU, whatever its mode), each stream, or one
-event (what the server's threads do). Prints one JSON line per variant.
+from any thread invalidate every capture on that GPU, whatever its mode), each stream, one
+event (what the server's threads do), or a host read on the legacy default stream (``.item()``). Prints one JSON line per variant.
 
     python -m benchmarks.capture_probe --captures 40
 """
@@ -36,6 +36,11 @@ def _user(dev: torch.device, wait: str, stop: threading.Event, errors: list[str]
                     x = torch.tanh(x @ x) * 0.5
             if wait == "device":
                 torch.cuda.synchronize()
+            elif wait == "item":  # a host read on the thread's default (legacy) stream, as `.item()` or `.cpu()` does
+                ready = torch.cuda.Event()
+                ready.record(streams[-1])
+                torch.cuda.current_stream().wait_event(ready)
+                float(x.sum().item())
             elif wait == "streams":
                 for s in streams:
                     s.synchronize()
@@ -97,7 +102,7 @@ def forced_failure() -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--captures", type=int, default=40)
-    ap.add_argument("--waits", default="device,streams,event")
+    ap.add_argument("--waits", default="device,streams,event,item")
     args = ap.parse_args()
     print(json.dumps(forced_failure()), flush=True)
     for wait in args.waits.split(","):
