@@ -8,7 +8,8 @@ each cycle ended with ``torch.cuda.synchronize``) failed 6 of 7 runs with
 Each variant runs captures while two threads work on 64 streams each, ending each cycle with a
 different wait: the whole device (expected to invalidate captures: CUDA lets a device-wide wait
 from any thread invalidate every capture on that GPU, whatever its mode), each stream, one
-event (what the server's threads do), or a host read on the legacy default stream (``.item()``). Prints one JSON line per variant.
+event (what the server's threads do), or a host read on the legacy default stream (``.item()``).
+Prints one JSON line per variant.
 
     python -m benchmarks.capture_probe --captures 40
 """
