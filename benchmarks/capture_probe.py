@@ -54,19 +54,24 @@ def _user(dev: torch.device, wait: str, stop: threading.Event, errors: list[str]
 
 
 def run_variant(wait: str, captures: int) -> dict:
+    """``captures`` captures, each replayed and checked, beside two threads ending their cycles with ``wait``."""
     dev = torch.device("cuda")
     stop = threading.Event()
     errors: list[str] = []
     users = [threading.Thread(target=_user, args=(dev, wait, stop, errors), daemon=True) for _ in range(2)]
     for t in users:
         t.start()
-    failed, rng_broken, first = 0, 0, None
+    failed, wrong, rng_broken, first = 0, 0, 0, None
     try:
         for k in range(captures):
             a = normal_tensor(lambda: torch.randn(64, 64, device=dev))
             out = normal_tensor(lambda: torch.empty(64, 64, device=dev))
             try:
-                capture(lambda: out.copy_(torch.relu(a) * 2 + k), dev)
+                replay = capture(lambda: out.copy_(torch.relu(a) * 2 + k), dev)
+                a.normal_()
+                replay()
+                torch.cuda.current_stream().synchronize()
+                wrong += not torch.allclose(out, torch.relu(a) * 2 + k)
             except RuntimeError as exc:
                 failed += 1
                 first = first or str(exc).splitlines()[0][:160]
@@ -79,8 +84,8 @@ def run_variant(wait: str, captures: int) -> dict:
         for t in users:
             t.join(timeout=60)
     torch.cuda.synchronize()
-    return {"wait": wait, "captures": captures, "failed": failed, "random_draws_failed": rng_broken,
-            "first_error": first, "thread_errors": errors[:2]}
+    return {"wait": wait, "captures": captures, "failed": failed, "wrong_replays": wrong,
+            "random_draws_failed": rng_broken, "first_error": first, "thread_errors": errors[:2]}
 
 
 def forced_failure() -> dict:
