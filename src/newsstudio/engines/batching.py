@@ -384,7 +384,11 @@ class Batcher(Generic[T, R]):
             own.wait_event(r.ready)
         with torch.cuda.stream(own):
             outs = self._joined(batch, self.run_many(items))
-        own.synchronize()
+        # sleep until the batch is done: a stream's synchronize spins a CPU core (CUDA's default on a host
+        # with more cores than GPUs) for as long as the batch queues behind the render's on the GPU
+        done = torch.cuda.Event(blocking=True)
+        done.record(own)
+        done.synchronize()
         for r, out in zip(batch, outs):  # freed by its caller: not reused before that caller's queued work is done
             _tree_map(lambda t, s=r.stream: t.record_stream(s) if t.is_cuda else None, out)
         return outs
