@@ -24,6 +24,25 @@ def test_every_collection_is_counted_and_timed_and_long_ones_listed_in_order():
     assert pauses._on_gc not in gc.callbacks
 
 
+def test_a_snapshot_taken_while_collections_run_inside_it_does_not_fail():
+    """A collection can start inside `snapshot` itself (any allocation may trigger one, and the
+    callback lists it): a clean-clone CI run's `/metrics` answered 500, "deque mutated during
+    iteration". Here every allocation collects and every collection is listed."""
+    pauses = GcPauses(long_ms=0.0, keep=8).install()
+    threshold = gc.get_threshold()
+    try:
+        for _ in range(10):
+            gc.collect(0)
+        gc.set_threshold(1)  # every container allocated triggers a young collection
+        snaps = [pauses.snapshot() for _ in range(200)]
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(pauses._on_gc)
+    assert all(len(s["long_pauses"]) == 8 for s in snaps)  # the latest `keep`, in order
+    assert all([p[0] for p in s["long_pauses"]] == sorted(p[0] for p in s["long_pauses"]) for s in snaps)
+    assert snaps[-1]["long_pauses"][-1][0] > snaps[0]["long_pauses"][-1][0]  # collections ran meanwhile
+
+
 def test_freezing_takes_the_objects_alive_out_of_later_collections():
     """The objects alive at the freeze leave the generations a collection walks (the oldest one
     included); objects made afterwards are collected as usual; unfreezing puts them back."""

@@ -21,7 +21,6 @@ import atexit
 import gc
 import threading
 import time
-from collections import deque
 from typing import Any
 
 LONG_PAUSE_MS = 10.0  # collections at least this long are listed one by one
@@ -35,7 +34,11 @@ class GcPauses:
         self.long_ms = long_ms
         self.collections = [0, 0, 0]
         self.pause_s = [0.0, 0.0, 0.0]
-        self.long: deque[tuple[int, float, int]] = deque(maxlen=keep)  # (number, ms, generation)
+        # (number, ms, generation) of the latest `keep`; a tuple replaced, never changed in place: a
+        # collection (and so `_on_gc`) may start inside any allocation, `snapshot`'s own included, and
+        # a deque changed under its reader failed `/metrics` ("deque mutated during iteration")
+        self.keep = max(1, keep)
+        self.long: tuple[tuple[int, float, int], ...] = ()
         self.long_total = 0
         self.frozen = 0  # objects moved to the permanent generation by the last freeze (0 once unfrozen)
         self._started: float | None = None
@@ -64,7 +67,8 @@ class GcPauses:
         self.pause_s[g] += took
         if took * 1000 >= self.long_ms:
             self.long_total += 1
-            self.long.append((self.long_total, round(took * 1000, 2), g))
+            kept = self.long[max(0, len(self.long) - self.keep + 1):]
+            self.long = (*kept, (self.long_total, round(took * 1000, 2), g))
 
     def snapshot(self) -> dict[str, Any]:
         return {"collections": list(self.collections), "pause_ms_total": [round(s * 1000, 2) for s in self.pause_s],
