@@ -3,7 +3,7 @@ random number generators still work after a capture that failed.
 
 Why: `accel.graph_capture.capture` makes a live session's graphs while other sessions keep
 launching; on the thirty-fifth session's H100 its test (other threads cycling through 64 streams,
-each cycle ended with ``torch.cuda.synchronize``) failed 6 of 7 runs with
+each cycle ended with ``torch.cuda.synchronize``) failed 8 of 9 runs with
 ``cudaErrorStreamCaptureInvalidated``, and a failed capture left every later random draw failing.
 Each variant runs captures while two threads work on 64 streams each, ending each cycle with a
 different wait: the whole device (expected to invalidate captures: CUDA lets a device-wide wait

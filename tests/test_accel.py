@@ -639,7 +639,7 @@ def test_capture_mid_stream_survives_other_threads_waiting_on_pooled_streams():
     every session). Captures now run beside threads that cycle through the whole pool and wait for
     their work as the server's threads do: per stream or event. (A device-wide wait,
     ``torch.cuda.synchronize``, from any thread invalidates every capture on the GPU whatever its
-    mode: this test's first version did that and failed 6 of 7 runs on the thirty-fifth session's
+    mode: this test's first version did that and failed 8 of 9 runs on the thirty-fifth session's
     H100; the server's code makes no such wait.)"""
     from benchmarks.capture_probe import run_variant
 
