@@ -182,14 +182,6 @@ def compile_group_norm(channels: int, dtype: torch.dtype, which: str = "chunked"
     return record
 
 
-def _layer_job(job: tuple[LayerShape, torch.dtype, str]) -> list[dict]:
-    return compile_layer(*job)
-
-
-def _norm_job(job: tuple[int, torch.dtype, str]) -> dict:
-    return compile_group_norm(*job)
-
-
 def main() -> int:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("unset TRITON_INTERPRET: this compiles for the GPU", file=sys.stderr)
@@ -204,13 +196,13 @@ def main() -> int:
     # each compile is one CPU's work (Triton's passes, then ptxas): one worker per CPU, records in order
     workers = max(1, min(len(os.sched_getaffinity(0)), 8))
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for records in pool.map(_layer_job, layer_jobs):
+        for records in pool.map(compile_layer, *zip(*layer_jobs)):
             for record in records:
                 count += 1
                 bad = "error" in record or record["shared"] > SM90_SHARED_BYTES or not record["async_loads"]
                 failures += bad
                 print(json.dumps(record), flush=True)
-        for record in pool.map(_norm_job, norm_jobs):
+        for record in pool.map(compile_group_norm, *zip(*norm_jobs)):
             count += 1
             failures += "error" in record or record["shared"] > SM90_SHARED_BYTES
             print(json.dumps(record), flush=True)

@@ -33,20 +33,21 @@ def capturing(graph: torch.cuda.CUDAGraph, pool: object | None = None) -> Iterat
     try:
         yield
     except BaseException:
-        _end_failed(graph)
+        _end(graph)  # the block's own error says why (the capture, if invalidated, just ends)
         raise
-    try:
-        graph.capture_end()
-    except RuntimeError:
-        _release_generators()
-        raise
+    failed = _end(graph)
+    if failed is not None:
+        raise failed
 
 
-def _end_failed(graph: torch.cuda.CUDAGraph) -> None:
+def _end(graph: torch.cuda.CUDAGraph) -> RuntimeError | None:
+    """End the capture; if that fails, release the generators and return the error."""
     try:
         graph.capture_end()
-    except RuntimeError:  # the capture was invalidated: the block's own error says why
+    except RuntimeError as exc:
         _release_generators()
+        return exc
+    return None
 
 
 def _release_generators(attempts: int = 3) -> None:
