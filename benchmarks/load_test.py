@@ -654,6 +654,38 @@ def main() -> None:
             clients.close()
 
 
+
+def server_settings_row(server_cfg, server_state) -> dict:
+    """The server's settings for a level's row; every one None when the server runs elsewhere (its settings unknown)."""
+    if server_cfg is None:
+        return dict.fromkeys(("switch_interval_ms", "render_lead_ms", "send_on_clock", "render_ahead", "prebuffer_ms",
+                              "render_in_flight", "front_end_streams", "live_update_rows", "compose",
+                              "spread_render_phases", "fill_render_batches", "batch_graphs", "compose_graphs",
+                              "first_face_row", "gc_freeze", "speech_push_interval_ms"))
+    return {"switch_interval_ms": sys.getswitchinterval() * 1e3,
+            "render_lead_ms": server_cfg.render_lead_s * 1e3,
+            "send_on_clock": bool(server_cfg.send_on_clock),
+            "render_ahead": server_cfg.render_ahead,
+            "prebuffer_ms": server_cfg.prebuffer_s * 1e3,
+            "render_in_flight": server_cfg.render_in_flight,
+            "front_end_streams": bool(server_cfg.front_end_streams),
+            "live_update_rows": live_update_rows(),
+            "compose": server_cfg.compose,
+            "spread_render_phases": bool(server_cfg.spread_render_phases),
+            "fill_render_batches": bool(server_cfg.fill_render_batches),
+            "batch_graphs": server_state.engines.batch_graphs() if server_state is not None else None,
+            "compose_graphs": server_state.engines.compose_graphs() if server_state is not None else None,
+            "first_face_row": server_cfg.first_face_row,
+            "gc_freeze": server_cfg.gc_freeze,
+            "speech_push_interval_ms": server_cfg.speech_push_interval_s * 1e3}
+
+
+def table_cell(value, width: int, fmt: str) -> str:
+    """One cell of the printed table: '-' where the value is unknown (a server elsewhere, a figure not taken)."""
+    if value is None:
+        return f"{'-':>{width}}"
+    return f"{value:>{width}{fmt}}"
+
 def run_levels(args, url: str, pcm, sr, levels: list, clients: ClientPool | None, server_cfg, syncs, cols: list, t0: float,
                server_state=None) -> None:
     """The warm-up level, then every measured level; each row printed (and the JSON rewritten) as it lands."""
@@ -669,22 +701,8 @@ def run_levels(args, url: str, pcm, sr, levels: list, clients: ClientPool | None
         apply()
         print(f"[{time.monotonic() - t0:.0f} s] level of {n} sessions starts ({label})", file=sys.stderr, flush=True)
         level_args = args if profiled is None or number in profiled else argparse.Namespace(**{**vars(args), "profile_s": 0.0})
-        rows.append({**asyncio.run(run_level(url, n, level_args, pcm, sr, clients)), "switch_interval_ms": sys.getswitchinterval() * 1e3,
-                     "render_lead_ms": getattr(server_cfg, "render_lead_s", 0.0) * 1e3,
-                     "send_on_clock": bool(getattr(server_cfg, "send_on_clock", False)),
-                     "render_ahead": getattr(server_cfg, "render_ahead", 0),  # 0: a server elsewhere (unknown)
-                     "prebuffer_ms": getattr(server_cfg, "prebuffer_s", 0.0) * 1e3,
-                     "render_in_flight": getattr(server_cfg, "render_in_flight", 0),
-                     "front_end_streams": bool(getattr(server_cfg, "front_end_streams", False)),
-                     "live_update_rows": live_update_rows() if server_cfg is not None else None,
-                     "compose": getattr(server_cfg, "compose", None), "format": args.format,
-                     "spread_render_phases": bool(getattr(server_cfg, "spread_render_phases", False)),
-                     "fill_render_batches": bool(getattr(server_cfg, "fill_render_batches", False)),
-                     "batch_graphs": server_state.engines.batch_graphs() if server_state is not None else None,
-                     "compose_graphs": server_state.engines.compose_graphs() if server_state is not None else None,
-                     "first_face_row": getattr(server_cfg, "first_face_row", None),
-                     "gc_freeze": getattr(server_cfg, "gc_freeze", None), "host_speed": getattr(args, "host_speed", None),
-                     "speech_push_interval_ms": getattr(server_cfg, "speech_push_interval_s", 0.0) * 1e3})
+        rows.append({**asyncio.run(run_level(url, n, level_args, pcm, sr, clients)), "format": args.format,
+                     "host_speed": getattr(args, "host_speed", None), **server_settings_row(server_cfg, server_state)})
         r = rows[-1]
         refused = f"{r['refused']} refused (render capacity), " if r["refused"] else ""
         print(f"[{time.monotonic() - t0:.0f} s] {n} sessions: {r['sustained']} sustained, {refused}{r['errors']} errors {r['error_samples'] or ''}",
@@ -692,7 +710,7 @@ def run_levels(args, url: str, pcm, sr, levels: list, clients: ClientPool | None
         if r.get("thread_cpu"):  # the server's threads, in cores over the level
             print("  server thread CPU (cores): " + ", ".join(f"{k} {v:.2f}" for k, v in list(r["thread_cpu"].items())[:8]),
                   file=sys.stderr)
-        print(" | ".join(f"{r.get(name, 0.0):>{len(name)}{fmt}}" for name, fmt in cols), flush=True)  # gil_*: a server here only
+        print(" | ".join(table_cell(r.get(name), len(name), fmt) for name, fmt in cols), flush=True)
         if syncs is not None:
             for name, text, count in sorted(syncs.values(), key=lambda v: -v[2]):
                 print(f"sync x{count} [{name}]\n{text}", file=sys.stderr)

@@ -151,6 +151,20 @@ def test_the_load_test_sweeps_server_settings_on_one_running_server(tmp_path):
     assert "1 refused (render capacity)" in done.stderr
 
 
+def test_a_level_against_a_server_elsewhere_records_its_settings_as_unknown_not_as_zero():
+    """`--url`: the server's settings are not known here; a row saying 0 ms of speech spacing or no render ahead
+    would be read as a measured setting."""
+    from benchmarks.load_test import server_settings_row, table_cell
+    from newsstudio.server.state import ServerConfig
+
+    unknown = server_settings_row(None, None)
+    assert unknown and all(v is None for v in unknown.values()), unknown
+    known = server_settings_row(ServerConfig(render_ahead=16, speech_push_interval_s=0.1), None)
+    assert set(known) == set(unknown)
+    assert known["render_ahead"] == 16 and known["speech_push_interval_ms"] == 100.0 and known["batch_graphs"] is None
+    assert table_cell(None, 5, ".1f") == "    -" and table_cell(2.25, 5, ".1f") == "  2.2"
+
+
 def test_the_load_test_clients_start_without_torch():
     """--client-processes children import the load test module; with torch (and Triton) behind it, four
     of them took seconds to start on a busy GPU machine, which a level's clock counted as 0 frames/s."""
