@@ -394,3 +394,13 @@ def test_gc_cost_reports_the_objects_a_full_collection_walks_before_and_after_th
     assert warm["objects"] > 100_000 and frozen["objects"] < warm["objects"] // 100  # what the freeze takes out
     assert gc.get_freeze_count() == 0  # unfrozen again
     assert (tmp_path / "gc.json").is_file()
+
+
+def test_the_chunk_pack_benchmark_packs_the_same_bytes_both_ways(capsys):
+    """benchmarks/chunk_pack_cost.py: both packings give one message, byte for byte (it asserts so),
+    and each variant's row is printed."""
+    from benchmarks.chunk_pack_cost import main
+
+    main(["--messages", "20", "--repeat", "1", "--size", "64"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 1 |")]
+    assert len(rows) == 2 and all(line.count(" ms |") == 2 for line in rows), rows

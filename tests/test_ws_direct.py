@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 
+import numpy as np
 import pytest
 from fastapi import FastAPI, WebSocket
 from fastapi.testclient import TestClient
@@ -30,8 +31,10 @@ def _app(report: dict) -> FastAPI:
         await w.accept()
         sender = DirectBinarySender(w)
         report["direct"] = sender.direct
-        for size in SIZES:
+        for i, size in enumerate(SIZES):
             payload = bytearray(os.urandom(size))
+            if i % 2:  # what `_pack` makes: a view of an uninitialised numpy buffer, filled in
+                payload = memoryview(np.frombuffer(payload, np.uint8).copy())
             report.setdefault("sent", []).append(bytes(payload))
             if not await sender.send(payload):
                 await w.send_bytes(payload)
