@@ -1,5 +1,5 @@
 # Thirty-sixth session, call 1 as first planned (cold; ~560 s). Never ran: the pool refused every start until too little device time was left; its halves are call1a.sh and call1b.sh.
-# fixes: a random draw works after a failed capture, which waits in other threads break a thread-local capture
+# It was to check (1) the host's speed; (2) the thirty-fifth session's CPU-only capture fixes: a random draw works after a failed capture, which waits in other threads break a thread-local capture
 # (benchmarks/capture_probe.py), the CUDA capture tests (the mid-stream one three more times); (3) 16 MuseTalk sessions
 # at the 30 s levels, twice, with the many-streams settings; py-spy (--gil, non-blocking) samples the server's
 # threads for 15 s in the second level: who holds the GIL, and where.
