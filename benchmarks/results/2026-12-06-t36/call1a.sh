@@ -1,5 +1,5 @@
 # Thirty-sixth session, call 1a (cold): the thirty-fifth session's CPU-only capture fixes on a GPU, and the host's speed
-# (the first half of call1.sh; the pool's refusals left too little device time for both halves in one call).
+# (the first half of the call first planned; the pool's refusals left too little device time for both halves in one call; the other is call1b.sh).
 . .carry/setup.sh; set -o pipefail; export PATH=/tmp/site/bin:$PATH
 python -m benchmarks.host_speed
 timeout 90 python -m benchmarks.capture_probe --captures 30 2>&1 | grep -v Warn | tee $OUT/capture_probe.jsonl
