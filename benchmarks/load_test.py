@@ -75,6 +75,8 @@ def start_server(args) -> tuple[str, object, object, object]:
         defaults["triton_convs"] = args.triton_convs
     if args.first_face_row is not None:
         defaults["first_face_row"] = args.first_face_row
+    if args.compile_artifacts is not None:
+        defaults["compile_artifacts"] = Path(args.compile_artifacts)
     cfg = ServerConfig(engine=args.engine, device=args.device, avatars=d / "avatars", clips=d / "clips",
                        max_sessions=max(args.sessions) + 2, weights=args.weights, fps=args.fps, accel=args.accel,
                        batch_sessions=not args.no_batch, **defaults)
@@ -611,6 +613,9 @@ def main() -> None:
     ap.add_argument("--sync-debug", action="store_true",
                     help="after the server's warm-up, report every synchronising CUDA call site of its threads "
                          "(with counts) at the end of each level (server started here; slows it a little)")
+    ap.add_argument("--compile-artifacts", default=None,
+                    help="the server's compile-artifacts file (serve --compile-artifacts): loaded if it exists, "
+                         "written once its engine is warm")
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args()
     args.front_end_streams = on_off_list(args.front_end_streams)  # checked before a server starts

@@ -444,6 +444,9 @@ def serve(
     musetalk_feature_step_ms: Optional[int] = typer.Option(
         None, help="How often a live MuseTalk stream re-encodes its speech (multiple of 20 ms; default 100). 200 "
         "halves the Whisper runs at up to 100 ms more wait for features: the 16- and 20-stream H100 runs' setting."),
+    compile_artifacts: Optional[Path] = typer.Option(
+        None, help="A file of compiled kernels: loaded before the engines compile (if it exists), written once they "
+        "are warm, so the next server on a fresh machine skips most of its compile. Load only files your servers wrote."),
 ) -> None:
     """Start the HTTP/WebSocket/WebRTC server with the web page at /."""
     from .accel.static import check_static_shapes
@@ -486,7 +489,7 @@ def serve(
                        speech_push_interval_s=speech_push_interval_ms / 1000, spread_render_phases=spread_render_phases, max_render_fps=max_render_fps,
                        fill_render_batches=fill_render_batches, first_face_row=first_face_row, static_shapes=static_shapes,
                        musetalk_feature_step_ms=musetalk_feature_step_ms, batch_graphs=batch_graphs,
-                       compose_graphs=compose_graphs, gc_freeze=gc_freeze)
+                       compose_graphs=compose_graphs, gc_freeze=gc_freeze, compile_artifacts=compile_artifacts)
     uvicorn.Server(uvicorn_config(create_app(cfg), host=host, port=port, log_level="info")).run()
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from ..accel.cache import save_compile_artifacts
 from ..accel.static import check_static_shapes
 from ..engines.base import Engine
 from ..engines.batching import Batcher, RenderBatcher, check_compose
@@ -88,6 +89,7 @@ class EnginePool:
                 spent = eng.warm_up()  # compile/capture now, not in the first session
                 if spent > 1.0:
                     log.info("engine %s warmed up in %.1f s", name, spent)
+                    self._save_compile_artifacts()
                 self._freeze_if_idle(name)
             except Exception as e:  # noqa: BLE001 - any load failure is reported, the server keeps serving
                 self._errors[name] = f"engine {name!r} is not available on this server: {type(e).__name__}: {e}"
@@ -97,6 +99,15 @@ class EnginePool:
                 graphs.enabled = self._batch_graphs_on
             self._engines[name] = eng
             return name, eng
+
+    @staticmethod
+    def _save_compile_artifacts() -> None:
+        """After a warm-up that compiled: the named artifacts file (`serve --compile-artifacts`), so the
+        next server starts from it. A failure to write costs the next start time, never this engine."""
+        try:
+            save_compile_artifacts()
+        except Exception as e:  # noqa: BLE001
+            log.warning("compile artifacts not saved: %s: %s", type(e).__name__, e)
 
     def renderer(self, name: str):
         """What live sessions of a loaded engine render with: the engine's shared RenderBatcher

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from fastapi import HTTPException
 
+from ..accel.cache import use_compile_artifacts
 from ..avatar.packet import Packet, PacketError, open_packet
 from ..avatar.store import avatars_root, validate_id
 from ..cpus import usable_cpus
@@ -33,7 +34,7 @@ GOLDEN_STEP = (5 ** 0.5 - 1) / 2  # 0.618...: successive multiples mod 1 stay ne
 
 @dataclass
 class ServerConfig:
-    """Settings of `newsstudio serve` (the CLI passes the first eleven)."""
+    """Settings of `newsstudio serve` (the CLI passes most; benchmarks set the rest)."""
 
     engine: str = "auto"
     device: str | None = None
@@ -122,6 +123,10 @@ class ServerConfig:
     error instead of falling silent, and /health answers 503 naming the batcher (so a supervisor
     can restart the server). None: 60 s on CUDA (a batch takes milliseconds there), off on the
     CPU (a slow machine's batch may take long)."""
+    compile_artifacts: Path | None = None
+    """A file of compiled artifacts (accel/cache.py): loaded before the engines compile, written once
+    they are warm, so a fresh machine's next server skips most of its compile (MuseTalk took 186-311 s
+    on the GPU hosts). None: the on-disk cache folder only."""
     speech_push_interval_s: float = 0.0
     """Streamed speech (WebSocket, audio socket, WebRTC data channel) is pushed into a session at most
     this often, what arrived meanwhile in one push (server/speech_intake.py): fewer event-loop round
@@ -237,6 +242,8 @@ class ServerState:
             torch.set_num_threads(int(cfg.torch_threads))
         elif self.device.type == "cpu":
             torch.set_num_threads(1)
+        if cfg.compile_artifacts is not None:  # before any engine compiles
+            use_compile_artifacts(cfg.compile_artifacts)
         self.avatars_root = avatars_root(cfg.avatars).resolve()
         self.avatars_root.mkdir(parents=True, exist_ok=True)
         self.uploads_dir = self.avatars_root / ".uploads"
