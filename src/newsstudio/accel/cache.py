@@ -44,6 +44,7 @@ def configure_compile_cache(path: str | os.PathLike[str] | None = None) -> Path:
     folder. Idempotent; an explicit `path` replaces an earlier choice."""
     global _configured
     if _configured is not None and path is None:
+        load_compile_artifacts()  # a file named since the folder was set (once per file)
         return _configured
     d = compile_cache_dir(path)
     d.mkdir(parents=True, exist_ok=True)
