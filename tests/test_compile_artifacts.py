@@ -80,3 +80,18 @@ def test_the_server_names_its_artifacts_file_before_any_engine_compiles(tmp_path
     finally:
         state.close()
         monkeypatch.delenv(cache.ARTIFACTS_ENV, raising=False)
+
+
+def test_a_file_named_after_the_cache_folder_was_set_is_still_loaded_before_the_next_compile(tmp_path, caplog, monkeypatch):
+    """The server names its file at start-up; an engine built earlier in the process may have set the
+    cache folder already: the next compile's `configure_compile_cache` still loads the file."""
+    monkeypatch.delenv(cache.ARTIFACTS_ENV, raising=False)
+    for k in ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TRITON_CACHE_DIR"):
+        monkeypatch.delenv(k, raising=False)
+    cache.configure_compile_cache(tmp_path / "folder")
+    late = tmp_path / "late.bin"
+    late.write_bytes(b"written by something else")
+    cache.use_compile_artifacts(late)
+    with caplog.at_level(logging.WARNING, logger="newsstudio.accel.cache"):
+        cache.configure_compile_cache()
+    assert f"compile artifacts {late} are unusable" in caplog.text
