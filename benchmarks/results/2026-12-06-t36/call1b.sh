@@ -18,7 +18,7 @@ TPID=$!
     --threads newsstudio-live,newsstudio-speech,Thread-1,musetalk-whisper,render-batcher --depth 2 > $OUT/gil_profile_summary.txt 2>&1
 ) &
 wait $TPID; echo "rc $?"; wait
-grep "ready after" $OUT/load_musetalk30s.log
+grep "ready after" $OUT/load_musetalk30s.log; ls -la $OUT/musetalk_compile.artifacts
 python -m benchmarks.load_summary $OUT/load_musetalk30s.json
 head -60 $OUT/gil_profile_summary.txt
 echo "done at $SECONDS s"
