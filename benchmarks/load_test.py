@@ -659,7 +659,6 @@ def main() -> None:
             clients.close()
 
 
-
 def server_settings_row(server_cfg, server_state) -> dict:
     """The server's settings for a level's row; every one None when the server runs elsewhere (its settings unknown)."""
     if server_cfg is None:
@@ -690,6 +689,7 @@ def table_cell(value, width: int, fmt: str) -> str:
     if value is None:
         return f"{'-':>{width}}"
     return f"{value:>{width}{fmt}}"
+
 
 def run_levels(args, url: str, pcm, sr, levels: list, clients: ClientPool | None, server_cfg, syncs, cols: list, t0: float,
                server_state=None) -> None:

@@ -40,6 +40,7 @@ import asyncio
 import json
 import logging
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -100,17 +101,23 @@ def _adjacent_runs(payload: tuple[bytes | torch.Tensor, ...]) -> list[bytes | to
     return out
 
 
-def _pack(header: dict[str, Any], *payload: bytes | torch.Tensor) -> memoryview:
+def _uninitialised(size: int) -> np.ndarray:
+    return np.empty(size, np.uint8)
+
+
+def _pack(header: dict[str, Any], *payload: bytes | torch.Tensor,
+          allocate: Callable[[int], np.ndarray] = _uninitialised) -> memoryview:
     """The chunk message in one buffer, each payload copied once. Frames come as CPU uint8
     tensors and are copied by torch with the GIL released: 10 raw 1080x1080 streams at 30 fps are
     ~0.5 GB/s, and copies made under the GIL (tobytes, joins; four per chunk before) hold up every
     other server thread meanwhile. Frames adjacent in memory are copied as one run. The buffer is
-    not zeroed first: a ``bytearray`` of a 7 MB chunk is, under the GIL (0.5 ms on a render thread
-    of the dev machine, every chunk), and every byte of it is written here anyway."""
+    not zeroed first: a ``bytearray`` of a 7 MB chunk is, under the GIL (~0.3 ms on a render thread
+    of the dev machine, every chunk; `benchmarks/chunk_pack_cost.py`, which passes ``allocate``),
+    and every byte of it is written here anyway."""
     payload = tuple(_adjacent_runs(payload))
     h = json.dumps(header, separators=(",", ":")).encode()
     sizes = [p.numel() * p.element_size() if isinstance(p, torch.Tensor) else len(p) for p in payload]
-    out = np.empty(4 + len(h) + sum(sizes), np.uint8)
+    out = allocate(4 + len(h) + sum(sizes))
     struct.pack_into(">I", out, 0, len(h))
     out[4:4 + len(h)] = np.frombuffer(h, np.uint8)
     pos = 4 + len(h)
