@@ -42,6 +42,8 @@ def test_regrouped_warp_equals_warp() -> None:
 def test_regrouped_spade_decoder_equals_decoder() -> None:
     m = fill_seeded_(SPADEDecoder(), salt=7).eval().fold_spectral_norm_()
     fast = RegroupedSPADEDecoder(m)
+    # the learned shortcuts' beta through their 1x1 convs: gamma + beta of 256 / 64 channels, not 512 / 256
+    assert fast.up_0.shortcut.gamma_beta.out_channels == 512 + 256 and fast.up_1.shortcut.gamma_beta.out_channels == 256 + 64
     x = seeded_input("t.spade", (2, 256, 8, 8))
     ref = m.forward_logits(x)
     got = fast.forward_logits(x)
