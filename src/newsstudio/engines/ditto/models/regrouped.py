@@ -43,6 +43,7 @@ from .warping_network import WarpingNetwork
 __all__ = ["RegroupedSPADEDecoder", "regrouped_warp", "use_nhwc_spade_norms_"]
 
 LEAKY_SLOPE = 0.2  # SPADEResnetBlock's activation after its norms
+FOLD_SHORTCUT_BETA = True  # the default of RegroupedSPADEDecoder(fold_shortcut_beta=); benchmarks compare
 
 
 class PhaseUpBlock3d(nn.Module):
@@ -171,13 +172,16 @@ class _FoldedShortcut(nn.Module):
 class _RegroupedBlock(nn.Module):
     """SPADEResnetBlock with its norms' activations given (order: norm_s if learned, norm_0, norm_1)."""
 
-    def __init__(self, block: SPADEResnetBlock) -> None:
+    def __init__(self, block: SPADEResnetBlock, fold_shortcut_beta: bool = True) -> None:
         super().__init__()
         self.learned_shortcut = block.learned_shortcut
         self.conv_0, self.conv_1 = block.conv_0, block.conv_1
         self.norm_0, self.norm_1 = _RegroupedSPADE(block.norm_0), _RegroupedSPADE(block.norm_1)
-        if self.learned_shortcut:
+        self.shortcut: nn.Module | None = None
+        if self.learned_shortcut and fold_shortcut_beta:
             self.shortcut = _FoldedShortcut(block.norm_s, block.conv_s)
+        elif self.learned_shortcut:
+            self.conv_s, self.norm_s = block.conv_s, _RegroupedSPADE(block.norm_s)
 
     @staticmethod
     def norms_of(block: SPADEResnetBlock) -> list[SPADE]:
@@ -187,7 +191,8 @@ class _RegroupedBlock(nn.Module):
         stats = self.norm_0.scale_shift(x)  # norm_s normalises the same x
         if self.learned_shortcut:
             a_s, a_0, a_1 = actvs
-            x_s = self.shortcut(x, a_s, stats)
+            x_s = (self.shortcut(x, a_s, stats) if self.shortcut is not None
+                   else self.conv_s(self.norm_s(x, a_s, scale_shift=stats)))
         else:
             (a_0, a_1), x_s = actvs, x
         dx = self.conv_0(self.norm_0(x, a_0, LEAKY_SLOPE, stats))
@@ -209,16 +214,17 @@ def use_nhwc_spade_norms_(decoder: nn.Module, statistics: str | None = None) -> 
 class RegroupedSPADEDecoder(nn.Module):
     """A (spectral-norm-folded) SPADEDecoder regrouped as described above; same forward."""
 
-    def __init__(self, dec: SPADEDecoder) -> None:
+    def __init__(self, dec: SPADEDecoder, fold_shortcut_beta: bool | None = None) -> None:
         super().__init__()
         if not dec.spectral_norm_folded:
             raise ValueError("regroup a SPADEDecoder after fold_spectral_norm_()")
+        fold = FOLD_SHORTCUT_BETA if fold_shortcut_beta is None else bool(fold_shortcut_beta)
         self.fc, self.conv_img = dec.fc, dec.conv_img
         middle = dec.middle_blocks()
         self.middle = nn.ModuleList(_RegroupedBlock(b) for b in middle)
         self.middle_counts = [len(_RegroupedBlock.norms_of(b)) for b in middle]
         self.middle_shared = _StackedConv([n.mlp_shared[0] for b in middle for n in _RegroupedBlock.norms_of(b)], 1)
-        self.up_0, self.up_1 = _RegroupedBlock(dec.up_0), _RegroupedBlock(dec.up_1)
+        self.up_0, self.up_1 = _RegroupedBlock(dec.up_0, fold), _RegroupedBlock(dec.up_1, fold)
         self.up_0_shared = _StackedConv([n.mlp_shared[0] for n in _RegroupedBlock.norms_of(dec.up_0)], 2)
         self.up_1_shared = _StackedConv([n.mlp_shared[0] for n in _RegroupedBlock.norms_of(dec.up_1)], 4)
 
