@@ -17,13 +17,13 @@ Warp network (DenseMotionNetwork's 3-D hourglass):
 SPADE decoder (18 SPADE norms, each ``relu(conv3x3(nearest(seg)))`` then gamma and beta convs):
 * the shared convs of all norms that see the same resolution read the same ``seg``: one conv
   with their output channels stacked (12 norms of the middle blocks at 64x64; 3 + 3 norms of
-  the up blocks as phase convolutions of the 64x64 ``seg`` for 128x128 and 256x256, 2.25x fewer
-  FLOPs: 80 of 1,234 GFLOP/frame saved);
+  the up blocks as phase convolutions of the 64x64 ``seg`` for 128x128 and 256x256, 2.25x and 4x
+  fewer FLOPs: 102 of the decoder's 892 GFLOP/frame saved);
 * each norm's gamma and beta convs (same input) as one conv with both outputs;
 * the learned shortcut of the up blocks (SPADE norm, no activation, then a 1x1 conv to fewer
   channels): the 1x1 conv is linear, so it takes beta through itself at load, ``conv_s(n * (1 +
   gamma) + beta) = conv_s(n * (1 + gamma)) + conv3x3(actv; W_s . B)``: beta's conv makes 64 or 256
-  channels instead of 256 or 512 (39 of 1,147 GFLOP/frame saved).
+  channels instead of 256 or 512 (39 GFLOP/frame more saved: 751 left, flop counter, batch 1).
 """
 from __future__ import annotations
 
