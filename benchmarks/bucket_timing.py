@@ -91,13 +91,15 @@ def main() -> dict[str, Any]:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="tiny architectures on the CPU (smoke test)")
-    ap.add_argument("--shortcut-fold", default="on",
-                    help="Ditto: on, off or both ('off,on'): the decoder's learned shortcuts with SPADE's beta taken "
-                         "through their 1x1 convs (regrouped.FOLD_SHORTCUT_BETA), one engine each")
+    ap.add_argument("--decoder-folds", default="on",
+                    help="Ditto: on, off or both ('off,on'), one engine each: the decoder's learned shortcuts with "
+                         "SPADE's beta taken through their 1x1 convs (regrouped.FOLD_SHORTCUT_BETA) and the alike "
+                         "middle phases of its 4x phase upsampling computed once (upsample_conv.MERGE_MIDDLE_PHASES); "
+                         "off: the decoder before both (thirty-sixth session)")
     args = ap.parse_args()
-    folds = [v.strip() for v in args.shortcut_fold.split(",") if v.strip()]
+    folds = [v.strip() for v in args.decoder_folds.split(",") if v.strip()]
     if not folds or any(v not in ("on", "off") for v in folds):
-        raise SystemExit(f"--shortcut-fold takes on, off or both comma-separated, got {args.shortcut_fold!r}")
+        raise SystemExit(f"--decoder-folds takes on, off or both comma-separated, got {args.decoder_folds!r}")
     try:
         sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     except ValueError:
@@ -105,28 +107,29 @@ def main() -> dict[str, Any]:
     if not sizes or min(sizes) < 1:
         raise SystemExit(f"--sizes takes frame counts >= 1, got {args.sizes!r}")
     device = torch.device(args.device)
+    from newsstudio.accel import upsample_conv
     from newsstudio.engines.ditto.models import regrouped
 
     rows = []
     for fold in folds if args.engine == "ditto" else ["-"]:
-        regrouped.FOLD_SHORTCUT_BETA = fold != "off"
+        regrouped.FOLD_SHORTCUT_BETA = upsample_conv.MERGE_MIDDLE_PHASES = fold != "off"
         t0 = time.perf_counter()
         eng = _engine(args.engine, device, args.accel, args.quick)
         spent = eng.warm_up() if device.type == "cuda" else 0.0
-        print(f"[{args.engine}] accel {eng.accel}, shortcut fold {fold}, load {time.perf_counter() - t0:.1f} s "
+        print(f"[{args.engine}] accel {eng.accel}, decoder folds {fold}, load {time.perf_counter() - t0:.1f} s "
               f"(warm-up {spent:.1f} s)", file=sys.stderr, flush=True)
         for n in sizes:
             fn, runner = render_call(eng, n)
             gpu_ms, wall_ms = time_call(fn, device, 2 if args.quick else args.iters)
-            rows.append({"shortcut_fold": fold, "frames": n, "bucket": runner.bucket_for(n), "gpu_ms": gpu_ms,
+            rows.append({"decoder_folds": fold, "frames": n, "bucket": runner.bucket_for(n), "gpu_ms": gpu_ms,
                          "wall_ms": wall_ms, "fps": n * 1e3 / max(wall_ms, 1e-9), "gpu_ms_per_frame": gpu_ms / n})
         del eng
-    regrouped.FOLD_SHORTCUT_BETA = True
+    regrouped.FOLD_SHORTCUT_BETA = upsample_conv.MERGE_MIDDLE_PHASES = True
     print(f"\n{args.engine} render runner ({args.accel or 'its default accel'}, {device}): per call")
-    print("| shortcut fold | frames | bucket | GPU ms | wall ms | frames/s | GPU ms per frame |")
+    print("| decoder folds | frames | bucket | GPU ms | wall ms | frames/s | GPU ms per frame |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['shortcut_fold']} | {r['frames']} | {r['bucket']} | {r['gpu_ms']:.2f} | {r['wall_ms']:.2f} | "
+        print(f"| {r['decoder_folds']} | {r['frames']} | {r['bucket']} | {r['gpu_ms']:.2f} | {r['wall_ms']:.2f} | "
               f"{r['fps']:.1f} | {r['gpu_ms_per_frame']:.3f} |")
     out = {"machine": machine(), "engine": args.engine, "accel": args.accel, "device": str(device), "rows": rows,
            "command": "python -m benchmarks.bucket_timing " + " ".join(sys.argv[1:])}

@@ -33,20 +33,24 @@ __all__ = ["INTERLEAVES", "PhaseUpsampleConv", "with_phase_upsampling"]
 # a channels-last result whenever the input is channels-last (else NCHW order); "nchw" always in NCHW
 # order (benchmarks/levers.py times it).
 INTERLEAVES = ("channels_last", "nchw")
+MERGE_MIDDLE_PHASES = True  # compute the alike middle phases of scales > 2 once; benchmarks compare
 
 
-def phase_classes(scale: int) -> list[int]:
+def phase_classes(scale: int, merge: bool = True) -> list[int]:
     """The distinct row kernel each output phase ``a`` (row modulo ``scale``) uses: 0 for phase 0,
-    the last for phase ``scale - 1``, one shared by every middle phase."""
+    the last for phase ``scale - 1``, one shared by every middle phase (``merge``; else one each)."""
+    if not merge:
+        return list(range(scale))
     return [0] + [1] * (scale - 2) + [2 if scale > 2 else 1]
 
 
-def _tap_sums(scale: int) -> tuple[torch.Tensor, list[int]]:
+def _tap_sums(scale: int, merge: bool = True) -> tuple[torch.Tensor, list[int]]:
     """Per distinct phase kernel (`phase_classes`): which of the 3x3 taps sum into each of the two
     taps of its 2x2 kernel (``[classes, 2, 3]``), and the offset of its rows in the 2x2
     convolution's ``H+1`` output rows. Phase 0 reads input rows ``i-1, i``; middle phases only row
     ``i``; the last phase rows ``i, i+1``."""
-    firsts = [phase_classes(scale).index(k) for k in range(len(set(phase_classes(scale))))]
+    classes = phase_classes(scale, merge)
+    firsts = [classes.index(k) for k in range(len(set(classes)))]
     sums = torch.zeros(len(firsts), 2, 3)
     for k, a in enumerate(firsts):
         offset = 1 if a == scale - 1 else 0
@@ -56,10 +60,10 @@ def _tap_sums(scale: int) -> tuple[torch.Tensor, list[int]]:
     return sums, [1 if a == scale - 1 else 0 for a in firsts]
 
 
-def phase_weights(weight: torch.Tensor, scale: int = 2) -> torch.Tensor:
+def phase_weights(weight: torch.Tensor, scale: int = 2, merge: bool = True) -> torch.Tensor:
     """``[O, I, 3, 3]`` -> ``[n**2 * O, I, 2, 2]`` for the ``n`` distinct row (and column) kernels of
     `phase_classes` (row-major, each ``O`` rows), float32."""
-    t = _tap_sums(scale)[0].to(weight.device)
+    t = _tap_sums(scale, merge)[0].to(weight.device)
     n = t.shape[0]
     w = torch.einsum("ari,bcj,onij->abonrc", t, t, weight.float())
     return w.reshape(n * n * weight.shape[0], weight.shape[1], 2, 2)
@@ -82,10 +86,11 @@ class PhaseUpsampleConv(nn.Module):
             raise ValueError("PhaseUpsampleConv needs a 3x3 conv weight and scale >= 2")
         w = weight.detach()  # the new weight is NCHW: engines convert the rewritten copy to channels_last when they want it
         self.scale, self.out_channels = int(scale), int(w.shape[0])
-        self.offsets = _tap_sums(self.scale)[1]  # per distinct kernel
-        self.classes = phase_classes(self.scale)
+        merge = MERGE_MIDDLE_PHASES
+        self.offsets = _tap_sums(self.scale, merge)[1]  # per distinct kernel
+        self.classes = phase_classes(self.scale, merge)
         n = len(self.offsets)
-        self.weight = nn.Parameter(phase_weights(w, self.scale).to(w.dtype), requires_grad=False)
+        self.weight = nn.Parameter(phase_weights(w, self.scale, merge).to(w.dtype), requires_grad=False)
         self.bias = nn.Parameter(bias.detach().repeat(n * n), requires_grad=False) if bias is not None else None
         # Another implementation of the same 2x2 convolution (padding 1), e.g. accel/igemm_conv.py's
         # Triton kernel; None: F.conv2d with the weight above.
