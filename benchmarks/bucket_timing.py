@@ -82,6 +82,19 @@ def time_call(fn: Callable[[], Any], device: torch.device, iters: int) -> tuple[
     return (statistics.median(gpu) if gpu else w), w
 
 
+def top_kernels(fn: Callable[[], Any], rows: int) -> list[dict[str, Any]]:
+    """The CUDA kernels of one call by device time (CUPTI lists those of CUDA-graph replays too):
+    what a saving on paper changed in the compiled runner."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = [(getattr(e, "device_time_total", 0.0), e.count, e.key) for e in prof.key_averages()]
+    total = sum(t for t, _, _ in events) or 1.0
+    return [{"kernel": k, "calls": c, "ms": t / 1e3, "share": t / total} for t, c, k in sorted(events, reverse=True)[:rows]]
+
+
 def main() -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine", default="ditto", help="musetalk or ditto")
@@ -91,6 +104,8 @@ def main() -> dict[str, Any]:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="tiny architectures on the CPU (smoke test)")
+    ap.add_argument("--kernels", type=int, default=0,
+                    help="CUDA only: list this many top kernels of one call at the largest size, per engine")
     ap.add_argument("--decoder-folds", default="on",
                     help="Ditto: on, off or both ('off,on'), one engine each: the decoder's learned shortcuts with "
                          "SPADE's beta taken through their 1x1 convs (regrouped.FOLD_SHORTCUT_BETA) and the alike "
@@ -110,7 +125,8 @@ def main() -> dict[str, Any]:
     from newsstudio.accel import upsample_conv
     from newsstudio.engines.ditto.models import regrouped
 
-    rows = []
+    rows: list[dict[str, Any]] = []
+    kernels: dict[str, list[dict[str, Any]]] = {}
     for fold in folds if args.engine == "ditto" else ["-"]:
         regrouped.FOLD_SHORTCUT_BETA = upsample_conv.MERGE_MIDDLE_PHASES = fold != "off"
         t0 = time.perf_counter()
@@ -123,6 +139,15 @@ def main() -> dict[str, Any]:
             gpu_ms, wall_ms = time_call(fn, device, 2 if args.quick else args.iters)
             rows.append({"decoder_folds": fold, "frames": n, "bucket": runner.bucket_for(n), "gpu_ms": gpu_ms,
                          "wall_ms": wall_ms, "fps": n * 1e3 / max(wall_ms, 1e-9), "gpu_ms_per_frame": gpu_ms / n})
+        if args.kernels and device.type == "cuda":
+            try:
+                kernels[fold] = top_kernels(render_call(eng, max(sizes))[0], args.kernels)
+            except Exception as exc:  # the profiler is a side view: the timings stand without it
+                print(f"kernel profile failed: {exc!r}", file=sys.stderr)
+                kernels[fold] = []
+            print(f"\ntop kernels of one call of {max(sizes)} frames, decoder folds {fold}:")
+            for k in kernels[fold]:
+                print(f"  {k['ms']:8.3f} ms {100 * k['share']:5.1f} % x{k['calls']:<3} {k['kernel'][:110]}")
         del eng
     regrouped.FOLD_SHORTCUT_BETA = upsample_conv.MERGE_MIDDLE_PHASES = True
     print(f"\n{args.engine} render runner ({args.accel or 'its default accel'}, {device}): per call")
@@ -131,7 +156,7 @@ def main() -> dict[str, Any]:
     for r in rows:
         print(f"| {r['decoder_folds']} | {r['frames']} | {r['bucket']} | {r['gpu_ms']:.2f} | {r['wall_ms']:.2f} | "
               f"{r['fps']:.1f} | {r['gpu_ms_per_frame']:.3f} |")
-    out = {"machine": machine(), "engine": args.engine, "accel": args.accel, "device": str(device), "rows": rows,
+    out = {"machine": machine(), "engine": args.engine, "accel": args.accel, "device": str(device), "rows": rows, "kernels": kernels,
            "command": "python -m benchmarks.bucket_timing " + " ".join(sys.argv[1:])}
     write_json(args.json, out)
     return out
