@@ -26,7 +26,7 @@ import torch
 from .common import machine, sync, write_json
 
 
-def _engine(name: str, device: torch.device, accel: str | None, quick: bool):
+def _engine(name: str, device: torch.device, accel: str | None, quick: bool, decoder_folds: bool = True):
     if name == "musetalk":
         from newsstudio.engines.musetalk.engine import (
             TINY_UNET_CONFIG,
@@ -40,7 +40,7 @@ def _engine(name: str, device: torch.device, accel: str | None, quick: bool):
         from newsstudio.engines.ditto.engine import DittoEngine
 
         tiny = {"input_size": 128, "hubert_layers": 2, "steps": 2} if quick else {}
-        return DittoEngine(device, weights="random", accel=accel, **tiny)
+        return DittoEngine(device, weights="random", accel=accel, decoder_folds=decoder_folds, **tiny)
     raise SystemExit(f"--engine must be musetalk or ditto, got {name!r}")
 
 
@@ -108,9 +108,8 @@ def main() -> dict[str, Any]:
                     help="CUDA only: list this many top kernels of one call at the largest size, per engine")
     ap.add_argument("--decoder-folds", default="on",
                     help="Ditto: on, off or both ('off,on'), one engine each: the decoder's learned shortcuts with "
-                         "SPADE's beta taken through their 1x1 convs (regrouped.FOLD_SHORTCUT_BETA) and the alike "
-                         "middle phases of its 4x phase upsampling computed once (upsample_conv.MERGE_MIDDLE_PHASES); "
-                         "off: the decoder before both (thirty-sixth session)")
+                         "SPADE's beta taken through their 1x1 convs and the alike middle phases of its 4x phase "
+                         "upsampling computed once (DittoEngine(decoder_folds=)); off: the decoder before both")
     args = ap.parse_args()
     folds = [v.strip() for v in args.decoder_folds.split(",") if v.strip()]
     if not folds or any(v not in ("on", "off") for v in folds):
@@ -122,15 +121,11 @@ def main() -> dict[str, Any]:
     if not sizes or min(sizes) < 1:
         raise SystemExit(f"--sizes takes frame counts >= 1, got {args.sizes!r}")
     device = torch.device(args.device)
-    from newsstudio.accel import upsample_conv
-    from newsstudio.engines.ditto.models import regrouped
-
     rows: list[dict[str, Any]] = []
     kernels: dict[str, list[dict[str, Any]]] = {}
     for fold in folds if args.engine == "ditto" else ["-"]:
-        regrouped.FOLD_SHORTCUT_BETA = upsample_conv.MERGE_MIDDLE_PHASES = fold != "off"
         t0 = time.perf_counter()
-        eng = _engine(args.engine, device, args.accel, args.quick)
+        eng = _engine(args.engine, device, args.accel, args.quick, decoder_folds=fold != "off")
         spent = eng.warm_up() if device.type == "cuda" else 0.0
         print(f"[{args.engine}] accel {eng.accel}, decoder folds {fold}, load {time.perf_counter() - t0:.1f} s "
               f"(warm-up {spent:.1f} s)", file=sys.stderr, flush=True)
@@ -149,7 +144,6 @@ def main() -> dict[str, Any]:
             for k in kernels[fold]:
                 print(f"  {k['ms']:8.3f} ms {100 * k['share']:5.1f} % x{k['calls']:<3} {k['kernel'][:110]}")
         del eng
-    regrouped.FOLD_SHORTCUT_BETA = upsample_conv.MERGE_MIDDLE_PHASES = True
     print(f"\n{args.engine} render runner ({args.accel or 'its default accel'}, {device}): per call")
     print("| decoder folds | frames | bucket | GPU ms | wall ms | frames/s | GPU ms per frame |")
     print("|---|---|---|---|---|---|---|")

@@ -208,9 +208,10 @@ def variant_list(spec: str | None) -> list[str] | None:
 
 
 TRITON_FLAGS = {"triton": "half", "triton8": "fp8", "triton8s": "fp8-static", "triton8m": "mixed"}  # variant flag -> triton_convs
-VARIANT_FLAGS = ("nchw", "cl", "nobench", "norw", "gn", "nogn", "tf32", "notf32", "static", "dynamic", *TRITON_FLAGS)
-VARIANT_SYNTAX = ("ACCEL[:nchw|:cl][:nobench][:norw][:gn|:nogn][:tf32|:notf32][:triton|:triton8|:triton8s|:triton8m]"
-                  "[:rowsR][:static|:dynamic]")
+VARIANT_FLAGS = ("nchw", "cl", "nobench", "norw", "nofold", "gn", "nogn", "tf32", "notf32", "static", "dynamic",
+                 *TRITON_FLAGS)
+VARIANT_SYNTAX = ("ACCEL[:nchw|:cl][:nobench][:norw][:nofold][:gn|:nogn][:tf32|:notf32][:triton|:triton8|:triton8s|"
+                  ":triton8m][:rowsR][:static|:dynamic]")
 
 
 def kernel_choices() -> dict[str, Any]:
@@ -229,13 +230,15 @@ def kernel_choices() -> dict[str, Any]:
 
 # keywords only one engine takes: a variant list shared by the engines (benchmarks.run) configures that one, and
 # the other engine runs the same variant without them
-ENGINE_ONLY_KEYWORDS = {"first_face_row": "musetalk", "static_shapes": "musetalk", "front_end_tf32": "ditto"}
+ENGINE_ONLY_KEYWORDS = {"first_face_row": "musetalk", "static_shapes": "musetalk", "front_end_tf32": "ditto",
+                        "decoder_folds": "ditto"}
 
 
 def parse_variant(spec: str, engine: str | None = None) -> dict[str, Any]:
     """`VARIANT_SYNTAX` -> engine keywords: the accel
     mode, channels_last (':nchw' off, ':cl' on, else the engine's default), cudnn_benchmark
-    (':nobench' off, else the default: on with CUDA), the engine's exact conv_rewrites (':norw' off),
+    (':nobench' off, else the default: on with CUDA), the engine's exact conv_rewrites (':norw' off;
+    for Ditto ':nofold' keeps them but not the decoder folds of the thirty-seventh session),
     its norms by the NHWC kernels (':gn' on, ':nogn' off, else the engine's default; nhwc_norms,
     accel/group_norm_nhwc.py),
     for Ditto its front end graphed with TF32 matmuls (':tf32') or in float32 (':notf32'; else the
@@ -261,6 +264,8 @@ def parse_variant(spec: str, engine: str | None = None) -> dict[str, Any]:
         kw["cudnn_benchmark"] = False
     if "norw" in flags:
         kw["conv_rewrites"] = False
+    if "nofold" in flags:
+        kw["decoder_folds"] = False
     if "gn" in flags or "nogn" in flags:
         kw["nhwc_norms"] = "gn" in flags
     if "tf32" in flags or "notf32" in flags:

@@ -6,7 +6,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from newsstudio.accel import upsample_conv
 from newsstudio.accel.upsample_conv import PhaseUpsampleConv, with_phase_upsampling
 
 
@@ -24,7 +23,7 @@ class _PlainConv(nn.Module):
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
 @pytest.mark.parametrize("scale", [2, 3, 4])
-def test_phase_conv_equals_upsample_then_conv(bias, layout, scale, monkeypatch):
+def test_phase_conv_equals_upsample_then_conv(bias, layout, scale):
     torch.manual_seed(0)
     conv = nn.Conv2d(6, 5, 3, padding=1, bias=bias).to(memory_format=layout)
     x = torch.randn(3, 6, 7, 10).to(memory_format=layout)  # odd height: borders of every phase
@@ -51,8 +50,7 @@ def test_phase_conv_equals_upsample_then_conv(bias, layout, scale, monkeypatch):
     # larger scales the middle phases are alike and computed once (9 kernels: 36 instead of 144 at 4)
     distinct = min(scale, 3) ** 2
     assert PhaseUpsampleConv(conv, scale).weight.shape == (5 * distinct, 6, 2, 2)
-    monkeypatch.setattr(upsample_conv, "MERGE_MIDDLE_PHASES", False)  # the benchmarks' comparison
-    unmerged = PhaseUpsampleConv(conv, scale)
+    unmerged = PhaseUpsampleConv(conv, scale, merge_middle_phases=False)  # the benchmarks' comparison
     assert unmerged.weight.shape == (5 * scale * scale, 6, 2, 2)
     torch.testing.assert_close(unmerged(x), ref, rtol=1e-5, atol=1e-5)
 

@@ -50,8 +50,10 @@ def test_regrouped_spade_decoder_equals_decoder() -> None:
     assert got.shape == ref.shape == (2, 3, 64, 64)
     assert _relerr(got, ref) < 1e-5
     assert torch.equal(fast(x), torch.sigmoid(got))
-    unfolded = RegroupedSPADEDecoder(m, fold_shortcut_beta=False)  # the benchmarks' comparison
+    unfolded = RegroupedSPADEDecoder(m, folds=False)  # the benchmarks' comparison
     assert unfolded.up_1.shortcut is None and _relerr(unfolded.forward_logits(x), ref) < 1e-5
+    # 4x phase upsampling of the 256x256 activations: 9 distinct phase kernels merged, 16 unmerged
+    assert fast.up_1_shared.conv.weight.shape[0] == 9 * 384 and unfolded.up_1_shared.conv.weight.shape[0] == 16 * 384
 
 
 def test_regrouping_needs_a_folded_decoder() -> None:

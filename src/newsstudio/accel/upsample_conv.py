@@ -33,7 +33,6 @@ __all__ = ["INTERLEAVES", "PhaseUpsampleConv", "with_phase_upsampling"]
 # a channels-last result whenever the input is channels-last (else NCHW order); "nchw" always in NCHW
 # order (benchmarks/levers.py times it).
 INTERLEAVES = ("channels_last", "nchw")
-MERGE_MIDDLE_PHASES = True  # compute the alike middle phases of scales > 2 once; benchmarks compare
 
 
 def phase_classes(scale: int, merge: bool = True) -> list[int]:
@@ -76,7 +75,7 @@ class PhaseUpsampleConv(nn.Module):
     fewer FLOPs at scale 2, 4x at scale 4."""
 
     def __init__(self, conv: nn.Conv2d | None = None, scale: int = 2, *, weight: torch.Tensor | None = None,
-                 bias: torch.Tensor | None = None) -> None:
+                 bias: torch.Tensor | None = None, merge_middle_phases: bool = True) -> None:
         super().__init__()
         if conv is not None:
             if not is_plain_3x3(conv):
@@ -86,7 +85,7 @@ class PhaseUpsampleConv(nn.Module):
             raise ValueError("PhaseUpsampleConv needs a 3x3 conv weight and scale >= 2")
         w = weight.detach()  # the new weight is NCHW: engines convert the rewritten copy to channels_last when they want it
         self.scale, self.out_channels = int(scale), int(w.shape[0])
-        merge = MERGE_MIDDLE_PHASES
+        merge = bool(merge_middle_phases)  # off: every phase its own kernel (benchmarks compare)
         self.offsets = _tap_sums(self.scale, merge)[1]  # per distinct kernel
         self.classes = phase_classes(self.scale, merge)
         n = len(self.offsets)

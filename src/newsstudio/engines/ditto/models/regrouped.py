@@ -43,7 +43,6 @@ from .warping_network import WarpingNetwork
 __all__ = ["RegroupedSPADEDecoder", "regrouped_warp", "use_nhwc_spade_norms_"]
 
 LEAKY_SLOPE = 0.2  # SPADEResnetBlock's activation after its norms
-FOLD_SHORTCUT_BETA = True  # the default of RegroupedSPADEDecoder(fold_shortcut_beta=); benchmarks compare
 
 
 class PhaseUpBlock3d(nn.Module):
@@ -99,13 +98,13 @@ class _StackedConv(nn.Module):
     """Same-input 3x3 convs as one conv (on ``seg`` upsampled by ``scale``: a phase convolution),
     ReLU, split back into each conv's outputs."""
 
-    def __init__(self, convs: list[nn.Conv2d], scale: int) -> None:
+    def __init__(self, convs: list[nn.Conv2d], scale: int, merge_middle_phases: bool = True) -> None:
         super().__init__()
         weight, bias = _stacked(convs)
         self.sizes = [c.out_channels for c in convs]
         self.conv: nn.Module
         if scale > 1:
-            self.conv = PhaseUpsampleConv(weight=weight, bias=bias, scale=scale)
+            self.conv = PhaseUpsampleConv(weight=weight, bias=bias, scale=scale, merge_middle_phases=merge_middle_phases)
         else:
             self.conv = _conv_from(weight, bias)
 
@@ -214,11 +213,13 @@ def use_nhwc_spade_norms_(decoder: nn.Module, statistics: str | None = None) -> 
 class RegroupedSPADEDecoder(nn.Module):
     """A (spectral-norm-folded) SPADEDecoder regrouped as described above; same forward."""
 
-    def __init__(self, dec: SPADEDecoder, fold_shortcut_beta: bool | None = None) -> None:
+    def __init__(self, dec: SPADEDecoder, folds: bool = True) -> None:
+        """``folds``: the learned shortcuts' beta through their 1x1 convs and the 4x phase upsampling's
+        middle phases merged (module doc); off, the decoder as regrouped before them (benchmarks compare)."""
         super().__init__()
         if not dec.spectral_norm_folded:
             raise ValueError("regroup a SPADEDecoder after fold_spectral_norm_()")
-        fold = FOLD_SHORTCUT_BETA if fold_shortcut_beta is None else bool(fold_shortcut_beta)
+        fold = bool(folds)
         self.fc, self.conv_img = dec.fc, dec.conv_img
         middle = dec.middle_blocks()
         self.middle = nn.ModuleList(_RegroupedBlock(b) for b in middle)
@@ -226,7 +227,7 @@ class RegroupedSPADEDecoder(nn.Module):
         self.middle_shared = _StackedConv([n.mlp_shared[0] for b in middle for n in _RegroupedBlock.norms_of(b)], 1)
         self.up_0, self.up_1 = _RegroupedBlock(dec.up_0, fold), _RegroupedBlock(dec.up_1, fold)
         self.up_0_shared = _StackedConv([n.mlp_shared[0] for n in _RegroupedBlock.norms_of(dec.up_0)], 2)
-        self.up_1_shared = _StackedConv([n.mlp_shared[0] for n in _RegroupedBlock.norms_of(dec.up_1)], 4)
+        self.up_1_shared = _StackedConv([n.mlp_shared[0] for n in _RegroupedBlock.norms_of(dec.up_1)], 4, fold)
 
     def forward_logits(self, feature: torch.Tensor) -> torch.Tensor:
         seg = feature
