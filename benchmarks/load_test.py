@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -659,29 +660,32 @@ def main() -> None:
             clients.close()
 
 
+# A level row's server settings: (column, how to read it from the ServerConfig and the ServerState).
+SERVER_SETTINGS: tuple[tuple[str, Callable[[Any, Any], Any]], ...] = (
+    ("switch_interval_ms", lambda cfg, state: sys.getswitchinterval() * 1e3),
+    ("render_lead_ms", lambda cfg, state: cfg.render_lead_s * 1e3),
+    ("send_on_clock", lambda cfg, state: bool(cfg.send_on_clock)),
+    ("render_ahead", lambda cfg, state: cfg.render_ahead),
+    ("prebuffer_ms", lambda cfg, state: cfg.prebuffer_s * 1e3),
+    ("render_in_flight", lambda cfg, state: cfg.render_in_flight),
+    ("front_end_streams", lambda cfg, state: bool(cfg.front_end_streams)),
+    ("live_update_rows", lambda cfg, state: live_update_rows()),
+    ("compose", lambda cfg, state: cfg.compose),
+    ("spread_render_phases", lambda cfg, state: bool(cfg.spread_render_phases)),
+    ("fill_render_batches", lambda cfg, state: bool(cfg.fill_render_batches)),
+    ("batch_graphs", lambda cfg, state: state.engines.batch_graphs() if state is not None else None),
+    ("compose_graphs", lambda cfg, state: state.engines.compose_graphs() if state is not None else None),
+    ("first_face_row", lambda cfg, state: cfg.first_face_row),
+    ("gc_freeze", lambda cfg, state: cfg.gc_freeze),
+    ("speech_push_interval_ms", lambda cfg, state: cfg.speech_push_interval_s * 1e3),
+)
+
+
 def server_settings_row(server_cfg, server_state) -> dict:
     """The server's settings for a level's row; every one None when the server runs elsewhere (its settings unknown)."""
     if server_cfg is None:
-        return dict.fromkeys(("switch_interval_ms", "render_lead_ms", "send_on_clock", "render_ahead", "prebuffer_ms",
-                              "render_in_flight", "front_end_streams", "live_update_rows", "compose",
-                              "spread_render_phases", "fill_render_batches", "batch_graphs", "compose_graphs",
-                              "first_face_row", "gc_freeze", "speech_push_interval_ms"))
-    return {"switch_interval_ms": sys.getswitchinterval() * 1e3,
-            "render_lead_ms": server_cfg.render_lead_s * 1e3,
-            "send_on_clock": bool(server_cfg.send_on_clock),
-            "render_ahead": server_cfg.render_ahead,
-            "prebuffer_ms": server_cfg.prebuffer_s * 1e3,
-            "render_in_flight": server_cfg.render_in_flight,
-            "front_end_streams": bool(server_cfg.front_end_streams),
-            "live_update_rows": live_update_rows(),
-            "compose": server_cfg.compose,
-            "spread_render_phases": bool(server_cfg.spread_render_phases),
-            "fill_render_batches": bool(server_cfg.fill_render_batches),
-            "batch_graphs": server_state.engines.batch_graphs() if server_state is not None else None,
-            "compose_graphs": server_state.engines.compose_graphs() if server_state is not None else None,
-            "first_face_row": server_cfg.first_face_row,
-            "gc_freeze": server_cfg.gc_freeze,
-            "speech_push_interval_ms": server_cfg.speech_push_interval_s * 1e3}
+        return dict.fromkeys(name for name, _ in SERVER_SETTINGS)
+    return {name: read(server_cfg, server_state) for name, read in SERVER_SETTINGS}
 
 
 def table_cell(value, width: int, fmt: str) -> str:
