@@ -82,19 +82,6 @@ def time_call(fn: Callable[[], Any], device: torch.device, iters: int) -> tuple[
     return (statistics.median(gpu) if gpu else w), w
 
 
-def top_kernels(fn: Callable[[], Any], rows: int) -> list[dict[str, Any]]:
-    """The CUDA kernels of one call by device time (CUPTI lists those of CUDA-graph replays too):
-    what a saving on paper changed in the compiled runner."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    events = [(getattr(e, "device_time_total", 0.0), e.count, e.key) for e in prof.key_averages()]
-    total = sum(t for t, _, _ in events) or 1.0
-    return [{"kernel": k, "calls": c, "ms": t / 1e3, "share": t / total} for t, c, k in sorted(events, reverse=True)[:rows]]
-
-
 def main() -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine", default="ditto", help="musetalk or ditto")
@@ -122,7 +109,7 @@ def main() -> dict[str, Any]:
         raise SystemExit(f"--sizes takes frame counts >= 1, got {args.sizes!r}")
     device = torch.device(args.device)
     rows: list[dict[str, Any]] = []
-    kernels: dict[str, list[dict[str, Any]]] = {}
+    kernels: dict[str, dict[str, Any]] = {}
     for fold in folds if args.engine == "ditto" else ["-"]:
         t0 = time.perf_counter()
         eng = _engine(args.engine, device, args.accel, args.quick, decoder_folds=fold != "off")
@@ -135,14 +122,20 @@ def main() -> dict[str, Any]:
             rows.append({"decoder_folds": fold, "frames": n, "bucket": runner.bucket_for(n), "gpu_ms": gpu_ms,
                          "wall_ms": wall_ms, "fps": n * 1e3 / max(wall_ms, 1e-9), "gpu_ms_per_frame": gpu_ms / n})
         if args.kernels and device.type == "cuda":
+            from .decoder_kernels import profile_kinds  # one call's kernels by device time (CUPTI sees graph replays)
+
+            call = render_call(eng, max(sizes))[0]
             try:
-                kernels[fold] = top_kernels(render_call(eng, max(sizes))[0], args.kernels)
+                with torch.inference_mode():
+                    kernels[fold] = profile_kinds(lambda _: call(), None, "cuda", args.kernels)
             except Exception as exc:  # the profiler is a side view: the timings stand without it
                 print(f"kernel profile failed: {exc!r}", file=sys.stderr)
-                kernels[fold] = []
-            print(f"\ntop kernels of one call of {max(sizes)} frames, decoder folds {fold}:")
-            for k in kernels[fold]:
-                print(f"  {k['ms']:8.3f} ms {100 * k['share']:5.1f} % x{k['calls']:<3} {k['kernel'][:110]}")
+            if fold in kernels:
+                total = sum(kernels[fold]["ms_by_kind"].values()) or 1.0
+                print(f"\ntop kernels of one call of {max(sizes)} frames, decoder folds {fold} (ms by kind: "
+                      f"{kernels[fold]['ms_by_kind']}):")
+                for k in kernels[fold]["top"]:
+                    print(f"  {k['ms']:8.3f} ms {100 * k['ms'] / total:5.1f} % x{k['calls']:<3} {k['kind']:>14}  {k['name']}")
         del eng
     print(f"\n{args.engine} render runner ({args.accel or 'its default accel'}, {device}): per call")
     print("| decoder folds | frames | bucket | GPU ms | wall ms | frames/s | GPU ms per frame |")
