@@ -37,9 +37,10 @@ def _engine(name: str, device: torch.device, accel: str | None, quick: bool, dec
         tiny = {"unet_config": TINY_UNET_CONFIG, "vae_config": TINY_VAE_CONFIG} if quick else {}
         return MuseTalkEngine(device, weights="random", accel=accel, **tiny)
     if name == "ditto":
+        from newsstudio.engines.ditto.config import TINY_OPTIONS
         from newsstudio.engines.ditto.engine import DittoEngine
 
-        tiny = {"input_size": 128, "hubert_layers": 2, "steps": 2} if quick else {}
+        tiny = {**TINY_OPTIONS, "steps": 2} if quick else {}
         return DittoEngine(device, weights="random", accel=accel, decoder_folds=decoder_folds, **tiny)
     raise SystemExit(f"--engine must be musetalk or ditto, got {name!r}")
 

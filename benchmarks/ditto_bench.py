@@ -26,9 +26,9 @@ avatar (the yongen loop prebaked at --size):
   With seeded weights the decoder saturates ~99% of pixels and the seeded keypoints jump tens of times
   more per frame than a talking head's, so this figure is far below what real weights give (stride.py doc).
 
-``--quick`` (CPU): 0.2 s of audio and the developer options ``input_size=128`` (256 crops) and a
-2-layer HuBERT, so the whole section runs in a few minutes on two cores. Figures from it only
-show that the code runs.
+``--quick`` (CPU): 0.2 s of audio and the developer architecture (``config.TINY_OPTIONS``: 128 inputs,
+256 crops, a 2-layer HuBERT, quarter-width image networks), so the whole section runs in a few
+minutes on two cores. Figures from it only show that the code runs.
 """
 from __future__ import annotations
 
@@ -43,12 +43,13 @@ import numpy as np
 import torch
 
 from newsstudio.accel.kernel_choice import forget_choices
+from newsstudio.engines.ditto.config import TINY_OPTIONS
 
 from .common import (add_engine_config_args, avatar, kernel_choices, machine, media, median, official_cudnn_defaults,
                      parse_variant, stream_rows, sync, timed, variant_list, weights_channels_last, write_json)
 
 H200_PEAK_TFLOPS = 776.0  # measured dense bf16/fp16 peak of our H200 (BRIEF section 4)
-QUICK_OPTIONS = {"input_size": 128, "hubert_layers": 2}
+QUICK_OPTIONS = dict(TINY_OPTIONS)  # the tests' developer architecture
 QUICK_SECONDS = 0.2
 
 
@@ -204,7 +205,7 @@ def reference_figures(engine, packet, seconds: float, repeat: int, workdir: Path
     path = save_source(build_source(packet), workdir / "reference" / f"{packet.id}_source_info.pkl")
     build_s = time.perf_counter() - t
     source = load_source(path)
-    warp, dec = reference_image_nets(salt, engine.device)
+    warp, dec = reference_image_nets(salt, engine.device, engine.config.width_divisor)
     a = segment_audio(seconds)
     mono = a.samples.mean(axis=0)
     audio = soxr.resample(mono, a.sample_rate, 16000).astype(np.float32) if a.sample_rate != 16000 else mono

@@ -45,6 +45,7 @@ from newsstudio.engines.ditto.motion_stitch import MotionStitchConfig, MotionSti
 from newsstudio.engines.ditto.putback import PutBack
 from newsstudio.engines.ditto.registration import INFO_KEYS
 from newsstudio.engines.ditto.wav2feat import wav2feat_offline
+from newsstudio.engines.ditto.weights import narrowed_image_nets
 from newsstudio.weights.seeded import fill_seeded_
 
 QUEUE_MAX_SIZE = 100
@@ -79,11 +80,13 @@ class TwoPassCFG(nn.Module):
         return a * x - x_start / b, x_start
 
 
-def reference_image_nets(salt: int, device: torch.device) -> tuple[nn.Module, nn.Module]:
+def reference_image_nets(salt: int, device: torch.device, width_divisor: int = 1) -> tuple[nn.Module, nn.Module]:
     """Warp + decoder as the release runs them: float32 modules (autocast at call time), spectral
-    norm NOT folded (computed from weight_orig, u, v on every forward). Same seeded values as ours."""
-    warp = fill_seeded_(WarpingNetwork(), salt).to(device).eval().requires_grad_(False)
-    dec = fill_seeded_(SPADEDecoder(), salt).to(device).eval().requires_grad_(False)
+    norm NOT folded (computed from weight_orig, u, v on every forward). Same seeded values as ours
+    (``width_divisor``: the engine config's, for the developer architecture)."""
+    arch = narrowed_image_nets(width_divisor)
+    warp = fill_seeded_(WarpingNetwork(**arch["warp"]), salt).to(device).eval().requires_grad_(False)
+    dec = fill_seeded_(SPADEDecoder(**arch["decoder"]), salt).to(device).eval().requires_grad_(False)
     return warp, dec
 
 

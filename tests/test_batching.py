@@ -213,9 +213,10 @@ def test_neural_engines_batch_across_avatars(name, two_layers, tmp_path):
 
         eng = MuseTalkEngine("cpu", weights="random", unet_config=TINY_UNET_CONFIG, vae_config=TINY_VAE_CONFIG)
     else:
+        from newsstudio.engines.ditto.config import TINY_OPTIONS
         from newsstudio.engines.ditto.engine import DittoEngine
 
-        eng = DittoEngine("cpu", weights="random", input_size=128, hubert_layers=2, steps=2, smo_k_s=1)
+        eng = DittoEngine("cpu", weights="random", steps=2, smo_k_s=1, **TINY_OPTIONS)
     layers = []
     for p in two_layers:
         dest = tmp_path / p.path.name
@@ -382,9 +383,10 @@ def test_streams_sharing_the_engine_batchers_get_what_they_get_alone(name, two_l
         eng = MuseTalkEngine("cpu", weights="random", unet_config=TINY_UNET_CONFIG, vae_config=TINY_VAE_CONFIG)
         seconds, stages = 1.2, {"audio"}
     else:
+        from newsstudio.engines.ditto.config import TINY_OPTIONS
         from newsstudio.engines.ditto.engine import DittoEngine
 
-        eng = DittoEngine("cpu", weights="random", input_size=128, hubert_layers=2, steps=2)
+        eng = DittoEngine("cpu", weights="random", steps=2, **TINY_OPTIONS)
         seconds, stages = 4.0, {"audio", "motion"}  # 4 s = two or more 80-frame LMDM windows
     dest = tmp_path / "a"
     shutil.copytree(two_layers[0].path, dest)

@@ -23,6 +23,7 @@ from conftest import shifted_video_packet
 from newsstudio.avatar.packet import open_packet
 from newsstudio.compose.splice import sample_crops_to_roi
 from newsstudio.engines.ditto import config as dcfg
+from newsstudio.engines.ditto.config import TINY_OPTIONS
 from newsstudio.engines.ditto import weights as dweights
 from newsstudio.engines.ditto.engine import DRIVING_DIM, OPTIONS_ENV, DittoEngine
 from newsstudio.engines.ditto.putback import get_mask
@@ -39,7 +40,7 @@ from newsstudio.engines.ditto.registration import (
 from newsstudio.media.audio import Audio, write_wav
 from newsstudio.stream import stream_generator
 
-OPTS = {"input_size": 128, "hubert_layers": 2, "steps": 2}
+OPTS = {**TINY_OPTIONS, "steps": 2}
 
 
 def _speechlike(seconds: float, sr: int, channels: int = 1) -> np.ndarray:
@@ -89,9 +90,10 @@ def test_registration_arrays(packet):
     n = packet.n_frames
     meta = packet.engine_meta("ditto")
     rw, rh = meta["roi"]
-    assert meta["weights"] == "random:0" and meta["input_size"] == 128 and meta["crop_size"] == 256
+    # the developer architecture (quarter-width image networks) names itself apart from full-width random weights
+    assert meta["weights"] == "random:0/w4" and meta["input_size"] == 128 and meta["crop_size"] == 256
     expect = {
-        "ditto/f_s": ((n, 32, 16, 32, 32), "float16"),
+        "ditto/f_s": ((n, 8, 16, 32, 32), "float16"),
         "ditto/x_s_info_pitch": ((n, 66), "float32"), "ditto/x_s_info_yaw": ((n, 66), "float32"),
         "ditto/x_s_info_roll": ((n, 66), "float32"), "ditto/x_s_info_t": ((n, 3), "float32"),
         "ditto/x_s_info_exp": ((n, 63), "float32"), "ditto/x_s_info_scale": ((n, 1), "float32"),
@@ -648,7 +650,7 @@ def test_reference_style_pipeline(engine, packet):
         assert torch.allclose(ours.sample(kp, cond, x_T=x_t), two.sample(kp, cond, x_T=x_t), atol=1e-4)
 
     source = build_source(packet)
-    warp, dec = reference_image_nets(0, torch.device("cpu"))
+    warp, dec = reference_image_nets(0, torch.device("cpu"), engine.config.width_divisor)
     audio = _speechlike(0.1, 16000)[0]
     run = run_reference(engine.models, engine.config, source, audio, warp=warp, decoder=dec, steps=2, keep_frames=True)
     w, h = packet.size

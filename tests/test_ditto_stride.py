@@ -23,10 +23,11 @@ from conftest import shifted_video_packet
 from newsstudio.compose.splice import sample_crops_to_roi
 from newsstudio.engines.base import TensorFrameQueue, pingpong_index
 from newsstudio.engines.ditto import stride as S
+from newsstudio.engines.ditto.config import TINY_OPTIONS
 from newsstudio.engines.ditto.engine import DRIVING_DIM, DittoDriver, DittoEngine
 from newsstudio.stream import stream_generator
 
-OPTS = {"input_size": 128, "hubert_layers": 2, "steps": 2, "smo_k_s": 1}
+OPTS = {**TINY_OPTIONS, "steps": 2, "smo_k_s": 1}
 SHIFTS = [(0, 0), (6, 2), (12, -4)]  # a 3-frame "video loop": the ping-pong source pattern matters
 T = 7
 

@@ -317,11 +317,12 @@ def test_engines_run_their_norms_on_the_kernel_with_the_same_frames(monkeypatch)
     if not torch.cuda.is_available():  # few, large programs: the interpreter's cost is per step
         monkeypatch.setattr(gn, "ELEMENTS_PER_CHUNK", 1 << 16)
         monkeypatch.setattr(gn, "SPLITS_PER_IMAGE", 1)
+    from newsstudio.engines.ditto.config import TINY_OPTIONS
     from newsstudio.engines.ditto.engine import DittoEngine
     from newsstudio.engines.musetalk.engine import TINY_UNET_CONFIG, TINY_VAE_CONFIG, MuseTalkEngine
 
     musetalk = dict(weights="random", vae_config=TINY_VAE_CONFIG, unet_config=TINY_UNET_CONFIG, channels_last=True)
-    ditto = dict(weights="random", input_size=128, hubert_layers=2, steps=2, channels_last=True)
+    ditto = dict(weights="random", steps=2, channels_last=True, **TINY_OPTIONS)
     # tolerance on the [0, 255] scale: rounding; Ditto's seeded network amplifies any rounding (its fp16 path is
     # 1.3e-1 from fp32, RESULTS.md sixth session), and both statistics kernels agree with float64 to ~1e-6 relative
     for make, kw, render, tol in ((MuseTalkEngine, musetalk, "_faces", 1.0), (DittoEngine, ditto, "_crops", 2.0)):

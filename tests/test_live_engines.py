@@ -44,10 +44,11 @@ def _musetalk():
 
 
 def _ditto():
+    from newsstudio.engines.ditto.config import TINY_OPTIONS
     from newsstudio.engines.ditto.engine import DittoEngine
 
     # overlap_v2=60: the first LMDM window needs 20 frames (0.8 s) of audio instead of 70 (2.8 s)
-    return DittoEngine("cpu", weights="random", input_size=128, hubert_layers=2, steps=2, overlap_v2=60)
+    return DittoEngine("cpu", weights="random", steps=2, overlap_v2=60, **TINY_OPTIONS)
 
 
 @pytest.fixture(scope="module", params=["musetalk", "ditto"])

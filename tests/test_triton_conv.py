@@ -383,10 +383,11 @@ def test_modes():
 def test_engines_without_the_kernel_keep_cudnn(monkeypatch):
     """Where the kernel cannot run the engines say so and keep their convs (mode 'off')."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    from newsstudio.engines.ditto.config import TINY_OPTIONS
     from newsstudio.engines.ditto.engine import DittoEngine
 
     for mode in ("fp8", "fp8-static"):  # fp8-static: nothing to calibrate either
-        ditto = DittoEngine("cpu", weights="random", input_size=128, hubert_layers=2, steps=2, triton_convs=mode)
+        ditto = DittoEngine("cpu", weights="random", steps=2, triton_convs=mode, **TINY_OPTIONS)
         assert ditto.triton_convs == "off"
     assert not any(isinstance(m, TritonConv2d) for net in (ditto._warp, ditto._decoder) for m in net.modules())
     from newsstudio.engines.musetalk.engine import TINY_VAE_CONFIG, MuseTalkEngine
@@ -490,6 +491,7 @@ def test_engines_calibrate_fp8_on_the_builtin_portrait_the_same_way_every_time()
     """fp8-static's sample inputs need no avatar: the built-in portrait (and its mirror image) through
     the engine's own encoders, with silence and speech (MuseTalk) or seeded small motions (Ditto);
     the same every time, so a render's FP8 scales do not depend on what ran before it."""
+    from newsstudio.engines.ditto.config import TINY_OPTIONS
     from newsstudio.engines.ditto.engine import DittoEngine
     from newsstudio.engines.musetalk.engine import TINY_UNET_CONFIG, TINY_VAE_CONFIG, MuseTalkEngine
 
@@ -504,9 +506,9 @@ def test_engines_calibrate_fp8_on_the_builtin_portrait_the_same_way_every_time()
     with torch.inference_mode():
         assert muse._faces(latents[:2], prompts[:2]).shape == (2, 3, 256, 256)
 
-    ditto = DittoEngine("cpu", weights="random", input_size=128, hubert_layers=2, steps=2)
+    ditto = DittoEngine("cpu", weights="random", steps=2, **TINY_OPTIONS)
     f_s, x_s, x_d = ditto.calibration_batch(4)
-    assert f_s.shape == (4, 32, 16, 32, 32) and x_s.shape == x_d.shape == (4, 21, 3)
+    assert f_s.shape == (4, 8, 16, 32, 32) and x_s.shape == x_d.shape == (4, 21, 3)  # quarter width
     assert torch.equal(x_d[0], x_s[0]) and 0 < (x_d - x_s).abs().amax() < x_s.abs().amax()
     assert all(torch.equal(a, b) for a, b in zip(ditto.calibration_batch(4), (f_s, x_s, x_d)))
 

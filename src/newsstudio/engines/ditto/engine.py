@@ -102,7 +102,7 @@ def get_models(weights: str, models_dir: Path, salt: int, device: torch.device, 
         return m
 
     key = (weights, str(models_dir.resolve()), salt, str(device), str(dtype), cfg.motion_feat_dim, cfg.audio_feat_dim,
-           cfg.seq_frames, cfg.hubert_layers if weights == "random" else None, str(hubert), channels_last)
+           cfg.seq_frames, cfg.hubert_layers if weights == "random" else None, cfg.width_divisor, str(hubert), channels_last)
     return _MODELS.get(key, build)
 
 
@@ -210,8 +210,9 @@ class DittoEngine(Engine):
         self.random_weights = weights == "random"
         self.salt = int(salt) if self.random_weights else None
         opts = {**env_options(), **options}
-        if not self.random_weights and opts.get("hubert_layers") is not None:
-            raise ValueError("hubert_layers (a test architecture) needs weights='random'")
+        for test_only in ("hubert_layers", "width_divisor"):
+            if not self.random_weights and opts.get(test_only) not in (None, 1):
+                raise ValueError(f"{test_only} (a test architecture) needs weights='random'")
         self.config = load_config(self.models_dir, **opts)
         if self.random_weights:
             warn_random_weights("Ditto", self.salt)
@@ -319,7 +320,8 @@ class DittoEngine(Engine):
         origins = put("ditto/origins", torch.long).to(dev)
         masks = packet.tensor("ditto/mask").to(dev).to(torch.float16 if dev.type == "cuda" else torch.float32).div_(255.0)
         x_s_info = {k: packet.tensor(f"ditto/x_s_info_{k}").to(dev, torch.float32) for k in INFO_KEYS}
-        if f_s.shape[0] != n or grid.shape != (n, hr, wr, 2) or masks.shape != (n, hr, wr) or origins.shape != (n, 2):
+        if (f_s.shape != (n, *self.models.feature_volume(self.config.input_size)) or grid.shape != (n, hr, wr, 2)
+                or masks.shape != (n, hr, wr) or origins.shape != (n, 2)):
             raise PacketError(f"avatar {packet.id!r}: Ditto arrays have inconsistent shapes")
         data = {
             "f_s": f_s,
@@ -514,8 +516,7 @@ class DittoEngine(Engine):
     def warm_up(self) -> float:
         """Compile (with a compile mode) and capture warp + decoder, HuBERT and the LMDM sampler for
         every batch bucket."""
-        feat = self.config.input_size // 4
-        f_s = torch.zeros((1, 32, 16, feat, feat), device=self.device, dtype=self.dtype)
+        f_s = torch.zeros((1, *self.models.feature_volume(self.config.input_size)), device=self.device, dtype=self.dtype)
         kp = torch.zeros((1, NUM_KP, 3), device=self.device)
         lmdm = self.models.lmdm
         p = next(lmdm.parameters())

@@ -260,8 +260,7 @@ def register_packet(packet: Packet, models, cfg: DittoConfig, *, batch_size: int
     else:  # no mesh: open eyes looking straight (documented fallback)
         eye_open, eye_ball = np.full((n, 2), 0.6, np.float32), np.zeros((n, 6), np.float32)
 
-    feat = ins // 4
-    f_s = alloc("f_s", (n, 32, 16, feat, feat), np.float16)
+    f_s = alloc("f_s", (n, *models.feature_volume(ins)), np.float16)
     info = {k: np.empty((n, d), np.float32) for k, d in zip(INFO_KEYS, (66, 66, 66, 3, 63, 1, 63))}
     frames = packet.tensor("frames_nv12")
     autocast = models.dtype != torch.float32  # half-precision networks: autocast like the reference wrappers

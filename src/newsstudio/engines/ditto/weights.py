@@ -147,13 +147,22 @@ class DittoModels:
     device: torch.device
     dtype: torch.dtype
     random_salt: int | None = None
+    width_divisor: int = 1  # random weights only: the image networks' channels divided by this
 
     @property
     def is_random(self) -> bool:
         return self.random_salt is not None
 
+    def feature_volume(self, input_size: int) -> tuple[int, int, int, int]:
+        """The appearance feature f_s of one frame: (channels, depth, H, W) (32, 16, 64, 64 officially)."""
+        app = self.appearance
+        return (app.reshape_channel, app.reshape_depth, input_size // 4, input_size // 4)
+
     def weights_id(self) -> str:
-        return "official" if self.random_salt is None else f"random:{self.random_salt}"
+        """Names the weights a prebaked packet was made with (a narrowed test architecture apart)."""
+        if self.random_salt is None:
+            return "official"
+        return f"random:{self.random_salt}" + (f"/w{self.width_divisor}" if self.width_divisor > 1 else "")
 
 
 def _image_nets(appearance: nn.Module, motion: nn.Module, warp: nn.Module, decoder: SPADEDecoder,
@@ -194,20 +203,42 @@ def random_lmdm(salt: int, cfg: DittoConfig, device: torch.device | str = "cpu")
     return lmdm.to(device).eval().requires_grad_(False)
 
 
+def narrowed_image_nets(width_divisor: int) -> dict[str, dict[str, Any]]:
+    """Constructor arguments of appearance, warp and decoder with every channel width divided by
+    ``width_divisor`` (1: the official ones). The same layers, depths, kernels and feature-volume
+    depth (16), so every code path of the engine runs; only the convolutions get cheaper
+    (divisor 4: ~16x fewer FLOPs, for tests on the CPU)."""
+    d = int(width_divisor)
+    if d < 1 or 32 % d:
+        raise ValueError(f"width_divisor must divide 32 (1, 2, 4, 8, ...), got {width_divisor!r}")
+    if d == 1:
+        return {"appearance": {}, "warp": {}, "decoder": {}}
+    return {
+        "appearance": {"block_expansion": 64 // d, "max_features": 512 // d, "reshape_channel": 32 // d},
+        "warp": {"block_expansion": 64 // d, "max_features": 512 // d, "reshape_channel": 32 // d,
+                 "dense_motion": {"block_expansion": 32 // d, "max_features": 1024 // d, "compress": 1}},
+        "decoder": {"block_expansion": 64 // d, "max_features": 512 // d, "out_channels": 64 // d,
+                    "spade_hidden": 128 // d},
+    }
+
+
 def build_random(salt: int = 0, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                  config: DittoConfig | None = None, hubert_layers: int | None = None) -> DittoModels:
     """The official architectures with seeded random weights (``--weights random``).
 
-    ``dtype`` applies to the image networks; ``hubert_layers`` (tests only) shrinks HuBERT."""
+    ``dtype`` applies to the image networks; ``hubert_layers`` and the config's ``width_divisor``
+    (tests only) shrink HuBERT and the image networks."""
     cfg = config or DittoConfig()
     device = torch.device(device)
-    nets = _image_nets(fill_seeded_(AppearanceFeatureExtractor(), salt), fill_seeded_(MotionExtractor(), salt),
-                       fill_seeded_(WarpingNetwork(), salt), fill_seeded_(SPADEDecoder(), salt), device, dtype)
+    arch = narrowed_image_nets(cfg.width_divisor)
+    nets = _image_nets(fill_seeded_(AppearanceFeatureExtractor(**arch["appearance"]), salt),
+                       fill_seeded_(MotionExtractor(), salt), fill_seeded_(WarpingNetwork(**arch["warp"]), salt),
+                       fill_seeded_(SPADEDecoder(**arch["decoder"]), salt), device, dtype)
     stitch = fill_seeded_(StitchingNetwork(), salt).to(device).eval().requires_grad_(False)
     layers = hubert_layers if hubert_layers is not None else cfg.hubert_layers
     return DittoModels(*nets, stitch=stitch, lmdm=random_lmdm(salt, cfg, device),
                        hubert=random_hubert(salt, device, layers), hubert_kind="random", device=device, dtype=dtype,
-                       random_salt=salt)
+                       random_salt=salt, width_divisor=int(cfg.width_divisor))
 
 
 def _need(path: Path, what: str) -> Path:

@@ -269,7 +269,7 @@ class SPADEResnetBlock(nn.Module):
     """SPADE residual block: (SPADE → LeakyReLU 0.2 → conv) twice, plus a shortcut that is learned
     (SPADE → 1×1 conv without bias) when the channel count changes. Convs may be spectral-normed."""
 
-    def __init__(self, fin: int, fout: int, norm_G: str, label_nc: int, dilation: int = 1) -> None:
+    def __init__(self, fin: int, fout: int, norm_G: str, label_nc: int, dilation: int = 1, nhidden: int = 128) -> None:
         super().__init__()
         self.learned_shortcut = fin != fout
         fmiddle = min(fin, fout)
@@ -284,10 +284,10 @@ class SPADEResnetBlock(nn.Module):
         self.conv_1 = conv(fmiddle, fout, 3, dilation, dilation, True)
         if self.learned_shortcut:
             self.conv_s = conv(fin, fout, 1, 0, 1, False)
-        self.norm_0 = SPADE(fin, label_nc)
-        self.norm_1 = SPADE(fmiddle, label_nc)
+        self.norm_0 = SPADE(fin, label_nc, nhidden)
+        self.norm_1 = SPADE(fmiddle, label_nc, nhidden)
         if self.learned_shortcut:
-            self.norm_s = SPADE(fin, label_nc)
+            self.norm_s = SPADE(fin, label_nc, nhidden)
 
     def forward(self, x: torch.Tensor, seg: torch.Tensor) -> torch.Tensor:
         x_s = self.conv_s(self.norm_s(x, seg)) if self.learned_shortcut else x

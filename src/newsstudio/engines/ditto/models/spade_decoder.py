@@ -23,6 +23,7 @@ class SPADEDecoder(nn.Module):
         block_expansion: int = 64,
         out_channels: int = 64,
         num_down_blocks: int = 2,
+        spade_hidden: int = 128,
     ) -> None:
         super().__init__()
         if num_down_blocks < 1:
@@ -34,9 +35,9 @@ class SPADEDecoder(nn.Module):
 
         self.fc = nn.Conv2d(cin, 2 * cin, 3, padding=1)
         for i in range(6):
-            self.add_module(f"G_middle_{i}", SPADEResnetBlock(2 * cin, 2 * cin, norm_G, label_nc))
-        self.up_0 = SPADEResnetBlock(2 * cin, cin, norm_G, label_nc)
-        self.up_1 = SPADEResnetBlock(cin, out_channels, norm_G, label_nc)
+            self.add_module(f"G_middle_{i}", SPADEResnetBlock(2 * cin, 2 * cin, norm_G, label_nc, nhidden=spade_hidden))
+        self.up_0 = SPADEResnetBlock(2 * cin, cin, norm_G, label_nc, nhidden=spade_hidden)
+        self.up_1 = SPADEResnetBlock(cin, out_channels, norm_G, label_nc, nhidden=spade_hidden)
         self.up = nn.Upsample(scale_factor=2)
         # As in the official module: any upscale > 1 means conv to 12 channels + PixelShuffle(2).
         self.conv_img: nn.Module

@@ -28,6 +28,7 @@ class WarpingNetwork(nn.Module):
         estimate_occlusion_map: bool = True,
         upscale: int = 1,
         flag_use_occlusion_map: bool = True,
+        dense_motion: dict[str, int] | None = None,
     ) -> None:
         super().__init__()
         self.upscale = upscale  # accepted for signature parity; unused by the official forward
@@ -35,7 +36,7 @@ class WarpingNetwork(nn.Module):
         self.estimate_occlusion_map = estimate_occlusion_map
         self.dense_motion_network = DenseMotionNetwork(num_kp=num_kp, feature_channel=reshape_channel,
                                                        estimate_occlusion_map=estimate_occlusion_map,
-                                                       **DENSE_MOTION_PARAMS)
+                                                       **{**DENSE_MOTION_PARAMS, **(dense_motion or {})})
         width = block_expansion * (2**num_down_blocks)
         self.third = SameBlock2d(max_features, width, kernel_size=3, padding=1, lrelu=True)
         self.fourth = nn.Conv2d(width, width, kernel_size=1, stride=1)
