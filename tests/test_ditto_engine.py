@@ -1,9 +1,10 @@
 """The Ditto engine end to end on CPU with seeded random weights.
 
 Rendering one 512 crop costs ~1.2 TFLOP (warp + decoder), tens of seconds on a CPU core, so the
-pipeline tests use the documented developer option ``input_size=128`` (256 crops, the same
-networks on smaller feature maps), a 2-layer random HuBERT and 2 DDIM steps, and a fraction of
-a second of audio. The real HuBERT-large configuration runs once on one window.
+pipeline tests use the developer architecture ``config.TINY_OPTIONS`` (128 inputs, 256 crops;
+the same layers a quarter as wide; a 2-layer random HuBERT), 2 DDIM steps and a fraction of a
+second of audio. The real HuBERT-large configuration runs once on one window; the full-width
+networks are checked against the official ones in tests/golden and test_ditto_regrouped.py.
 """
 from __future__ import annotations
 
@@ -584,6 +585,28 @@ def test_weights_layout_and_errors(tmp_path, monkeypatch):
     torch.save({"model_state_dict": {"final_layer.weight": torch.zeros(265, 512)}}, lm)
     with pytest.raises(DittoCheckpointError, match="lmdm.pth.*missing keys"):
         dweights.load_lmdm(lm, dcfg.DittoConfig())
+
+
+def test_the_developer_architecture_is_kept_apart(packet, tmp_path):
+    """Quarter-width arrays are never taken for full-width ones: the weights id differs (so a
+    full-width engine prebakes again), and an f_s of another width is a clear PacketError at load,
+    not a convolution error mid-render. The option is refused with real weights."""
+    from newsstudio.avatar.packet import PacketError
+    from newsstudio.engines.ditto.registration import expected_meta, prebake_mismatch
+
+    full = expected_meta(dcfg.DittoConfig(input_size=128), "random:0")
+    assert "weights" in prebake_mismatch(packet, full)
+    with pytest.raises(ValueError, match="width_divisor .*weights='random'"):
+        DittoEngine("cpu", weights="official", width_divisor=4)
+    with pytest.raises(ValueError, match="width_divisor must divide 32"):
+        DittoEngine("cpu", weights="random", **{**OPTS, "width_divisor": 3})
+    dest = tmp_path / "tampered"
+    shutil.copytree(packet.path, dest)
+    n = packet.n_frames
+    wide = open_packet(dest).add_arrays({"ditto/f_s": np.zeros((n, 32, 16, 32, 32), np.float16)})
+    eng = DittoEngine("cpu", weights="random", reprebake=False, **OPTS)
+    with pytest.raises(PacketError, match="inconsistent shapes"):
+        eng.load_avatar(wide)
 
 
 def test_random_models_and_real_hubert_config():

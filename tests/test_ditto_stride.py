@@ -1,8 +1,8 @@
 """Ditto stride mode (engines/ditto/stride.py): warp + decode every k-th frame, in-betweens from
 the two neighbouring keyframes.
 
-The seeded networks at the developer size ``input_size=128`` (256 crops, ~1.7 s per frame on two
-cores) check what only they can: ``stride=1`` is the dense path bit for bit, and with stride 3 just
+The seeded networks of the developer architecture (``config.TINY_OPTIONS``: 256 crops, quarter
+width, ~0.25 s per frame on two cores) check what only they can: ``stride=1`` is the dense path bit for bit, and with stride 3 just
 the keyframes go through the networks and equal dense renders. Plumbing (chunkings, concurrent
 streams, skipped and repeated frames as live sessions make them, the runner) runs on a cheap
 *stand-in* renderer with the same contract: a geometric one (the source frame's features moved

@@ -266,6 +266,8 @@ class DittoConfig:
     def validate(self) -> None:
         if self.input_size % 128:
             raise ValueError(f"input_size must be a multiple of 128 (the warp network needs feature maps that are multiples of 32), got {self.input_size}")
+        if int(self.width_divisor) < 1 or 32 % int(self.width_divisor):
+            raise ValueError(f"width_divisor must divide 32 (1, 2, 4, 8, ...), got {self.width_divisor!r}")
         if not 0 <= self.overlap_v2 < self.seq_frames:
             raise ValueError(f"overlap_v2 must be in [0, {self.seq_frames}), got {self.overlap_v2}")
         if int(self.steps) < 1:

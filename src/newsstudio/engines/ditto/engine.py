@@ -41,8 +41,9 @@ that at the cost of more LMDM windows per second of speech.
 Options: any :class:`config.DittoConfig` field as a keyword (``steps=2``, ``overlap_v2=...``,
 ``emo=3``...), on top of the official config pickle when the models folder has one. For tests and
 quick benchmarks, ``NEWSSTUDIO_DITTO_OPTIONS`` may hold a JSON object of such options (explicit
-keywords win): e.g. ``{"input_size": 128, "hubert_layers": 2}`` shrinks the networks' input and
-the random HuBERT - developer use only, never for real output.
+keywords win): e.g. ``{"input_size": 128, "hubert_layers": 2, "width_divisor": 4}``
+(``config.TINY_OPTIONS``) shrinks the networks' input, the random HuBERT and the image networks'
+widths - developer use only, never for real output.
 """
 from __future__ import annotations
 
