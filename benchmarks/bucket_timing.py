@@ -53,8 +53,7 @@ def render_call(eng, n: int) -> tuple[Callable[[], Any], Any]:
         latents = torch.randn((n, 8, 32, 32), generator=g, device=dev).to(eng.dtype)
         prompts = eng.idle_prompt()[None].to(dev, eng.dtype).expand(n, -1, -1).contiguous()
         return (lambda: eng._face_runner(latents, prompts)), eng._face_runner
-    feat = eng.config.input_size // 4
-    f_s = torch.randn((n, 32, 16, feat, feat), generator=g, device=dev).to(eng.dtype)
+    f_s = torch.randn((n, *eng.models.feature_volume(eng.config.input_size)), generator=g, device=dev).to(eng.dtype)
     x_s = torch.randn((n, 21, 3), generator=g, device=dev) * 0.3
     x_d = x_s + torch.randn((n, 21, 3), generator=g, device=dev) * 0.02
     return (lambda: eng._crop_runner(f_s, x_s, x_d)), eng._crop_runner

@@ -193,6 +193,31 @@ def write_json(path: str | os.PathLike[str] | None, data: dict[str, Any]) -> Non
         Path(path).write_text(json.dumps(data, indent=1, default=str))
 
 
+def fallback_count() -> int:
+    """How many distinct runner fallbacks this process has had (`close_variant` takes the new ones)."""
+    from newsstudio.accel.static import fallbacks
+
+    return len(fallbacks())
+
+
+def close_variant(engine, fig: dict[str, Any], fallbacks_before: int, more: bool) -> str:
+    """After one engine configuration's figures: its runners that fell back to eager go into ``fig``
+    (its figures are then not that mode's; returned as a remark for the progress line), and when
+    more configurations follow, its graphs and compiled code are dropped first (each Ditto variant's
+    graph pools hold ~44 GB at 1080x1920: the next one's capture ran out of memory on an H100)."""
+    import gc
+
+    from newsstudio.accel.static import fallbacks
+
+    fig["runner_fallbacks"] = fallbacks()[fallbacks_before:]
+    if more:
+        engine.release_graphs()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return " (FELL BACK TO EAGER: not this mode's figures)" if fig["runner_fallbacks"] else ""
+
+
 def add_engine_config_args(ap: argparse.ArgumentParser) -> None:
     """--variants and --mp4, the same in every engine benchmark."""
     ap.add_argument("--variants", default=None,

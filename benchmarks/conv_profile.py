@@ -24,7 +24,7 @@ def _network(engine: str, channels_last: bool, batch: int):
 
         eng = DittoEngine("cuda", weights="random", accel="eager", channels_last=channels_last)
         roots = {"warp": eng._warp, "dec": eng._decoder}
-        f_s = torch.randn((batch, 32, 16, 64, 64), device="cuda", dtype=eng.dtype)
+        f_s = torch.randn((batch, *eng.models.feature_volume(eng.config.input_size)), device="cuda", dtype=eng.dtype)
         kp = torch.randn((batch, NUM_KP, 3), device="cuda") * 0.1
         run = lambda: eng.warp_decode(f_s, kp, kp + 0.01)  # noqa: E731
     else:

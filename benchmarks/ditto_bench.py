@@ -45,8 +45,9 @@ import torch
 from newsstudio.accel.kernel_choice import forget_choices
 from newsstudio.engines.ditto.config import TINY_OPTIONS
 
-from .common import (add_engine_config_args, avatar, kernel_choices, machine, media, median, official_cudnn_defaults,
-                     parse_variant, stream_rows, sync, timed, variant_list, weights_channels_last, write_json)
+from .common import (add_engine_config_args, avatar, close_variant, fallback_count, kernel_choices, machine, media, median,
+                     official_cudnn_defaults, parse_variant, stream_rows, sync, timed, variant_list, weights_channels_last,
+                     write_json)
 
 H200_PEAK_TFLOPS = 776.0  # measured dense bf16/fp16 peak of our H200 (BRIEF section 4)
 QUICK_OPTIONS = dict(TINY_OPTIONS)  # the tests' developer architecture
@@ -56,12 +57,12 @@ QUICK_SECONDS = 0.2
 @torch.no_grad()
 def flops_per_frame(engine) -> dict[str, float]:
     """FLOPs of one frame's warp + decode (batch 1), counted on the plain modules (the model's
-    FLOPs: % of peak is stated on them), and what the engine's (regrouped) networks execute."""
+    FLOPs: % of peak is stated on them), and what the engine's (regrouped) networks execute (NaN
+    when convs run on the Triton kernel: the flop counter does not see those)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     m, dev = engine.models, engine.device
-    s = engine.config.input_size // 4
-    f_s = torch.zeros(1, 32, 16, s, s, device=dev, dtype=m.dtype)
+    f_s = torch.zeros(1, *m.feature_volume(engine.config.input_size), device=dev, dtype=m.dtype)
     kp = torch.zeros(1, 21, 3, device=dev, dtype=m.dtype)
 
     def count(warp, decoder) -> tuple[float, float]:
@@ -73,7 +74,7 @@ def flops_per_frame(engine) -> dict[str, float]:
         return w / 1e9, fc.get_total_flops() / 1e9
 
     warp, dec = count(m.warp, m.decoder)
-    executed = sum(count(engine._warp, engine._decoder))
+    executed = sum(count(engine._warp, engine._decoder)) if engine.triton_convs == "off" else float("nan")
     return {"warp_gflop": warp, "decoder_gflop": dec, "total_gflop": warp + dec, "executed_gflop": executed}
 
 
@@ -271,13 +272,15 @@ def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, 
             engine = DittoEngine(device, weights="random", salt=salt, steps=steps, **kw, **opts)
         print(f"[ditto] ours ({spec}): warm-up and {repeat} dense runs ...", file=sys.stderr, flush=True)
         forget_choices()  # this variant's own per-shape kernel choices, recorded below
+        before = fallback_count()
         warm_s = engine.warm_up()  # every batch bucket, as a server does: no capture inside a timed run
         fig = engine_figures(engine, packet, seconds, chunk, repeat, workdir, mp4=mp4)
         fig.update(accel=engine.accel, channels_last=weights_channels_last(engine.models.decoder), cudnn_benchmark=engine.cudnn_benchmark,
                    compile_s=engine._crop_runner.compile_seconds, warm_up_s=warm_s)
         fig.update(triton_convs=engine.triton_convs, kernel_choices=kernel_choices())
         out["variants"][spec] = fig
-        print(f"[ditto] ours ({spec}): {fig['dense_fps']:.1f} fps, TTFF {fig['ttff_ms']:.1f} ms", file=sys.stderr, flush=True)
+        remark = close_variant(engine, fig, before, more=k + 1 < len(variants))
+        print(f"[ditto] ours ({spec}): {fig['dense_fps']:.1f} fps, TTFF {fig['ttff_ms']:.1f} ms{remark}", file=sys.stderr, flush=True)
     engine = first
     out["ours"] = out["variants"][variants[0]]
     if stride > 1:

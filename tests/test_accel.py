@@ -166,6 +166,16 @@ def test_bucketed_runner_buckets_and_one_compilation():
     assert sorted(runner.runners) == [4, 8, 16]
     assert all(r.mode == "compile" for r in runner.runners.values())
     assert counter.frame_count == 1
+    # release (benchmarks between engine configurations): every bucket and the compilation dropped;
+    # the next call prepares again and gives the same results
+    kept = runner.runners[8]
+    runner.release()
+    assert runner.runners == {} and runner.compile_seconds == 0.0
+    x = torch.randn(6, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(runner(x), lin(x).relu())
+    assert sorted(runner.runners) == [8] and runner.runners[8] is not kept
+    assert counter.frame_count == 1  # Dynamo's cache of fn's code is the process's: not compiled twice
     torch._dynamo.reset()
     eager = BucketedRunner(fn, "cudagraph")  # no CUDA: every bucket runs eager, same results
     x = torch.randn(6, 4)

@@ -13,6 +13,8 @@ import math
 import os
 import pickle
 import shutil
+import sys
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -42,6 +44,7 @@ from newsstudio.media.audio import Audio, write_wav
 from newsstudio.stream import stream_generator
 
 OPTS = {**TINY_OPTIONS, "steps": 2}
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _speechlike(seconds: float, sr: int, channels: int = 1) -> np.ndarray:
@@ -655,6 +658,26 @@ def test_hubert_weight_norm_folded_once_same_features():
 
 
 # ---------------------------------------------------------------------------------- benchmark reference
+
+
+def test_benchmark_section_runs_on_cpu(packet, tmp_path, capsys):
+    """benchmarks/ditto_bench.py end to end on the developer architecture: two configurations in one
+    process as on the GPU (the first one's graphs dropped before the second's), neither fell back."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from benchmarks.ditto_bench import print_table, run_section
+
+    dest = tmp_path / "avatar"
+    shutil.copytree(packet.path, dest)
+    sec = run_section(open_packet(dest), "cpu", 0.2, 4, 1, tmp_path / "work", quick=True, skip_reference=True,
+                      variants=["eager", "eager:nofold"])
+    assert list(sec["variants"]) == ["eager", "eager:nofold"] and sec["ours"] is sec["variants"]["eager"]
+    for fig in sec["variants"].values():
+        assert fig["dense_fps"] > 0 and fig["ttff_ms"] > 0 and fig["runner_fallbacks"] == []
+    fl = sec["flops_per_frame"]  # quarter width: ~32 GFLOP a frame at 128 inputs (full width ~300)
+    assert 10 < fl["total_gflop"] < 100 and fl["executed_gflop"] > 0
+    print_table(sec)
+    assert "dense fps" in capsys.readouterr().out
 
 
 def test_reference_style_pipeline(engine, packet):

@@ -593,6 +593,16 @@ class BucketedRunner:
             self.runner(b, example_inputs).prepare()
         return time.perf_counter() - t0
 
+    def release(self) -> None:
+        """Drop every bucket's runner with its captured graph (their GPU memory pools go once
+        collected) and the compiled callable; the next call prepares (captures) again, Dynamo's
+        code cache of ``fn`` staying the process's. For benchmarks timing several engine
+        configurations in one process: three Ditto variants' pools overflowed an 80 GB H100."""
+        with self._lock:
+            self.runners = {}
+            self.family = GraphFamily()
+            self._compiled = None
+
     @property
     def compile_seconds(self) -> float:
         """Seconds spent in first (compiling) calls, over all buckets."""

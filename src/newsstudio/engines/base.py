@@ -227,6 +227,15 @@ class Engine(ABC):
         stream does not wait for it (a server calls this at start). Returns the seconds spent."""
         return 0.0
 
+    def release_graphs(self) -> None:
+        """Drop the compiled code and captured graphs of this engine's batch runners (their GPU
+        memory); a later call prepares again. Benchmarks call it between engine configurations."""
+        from ..accel.static import BucketedRunner
+
+        for runner in vars(self).values():
+            if isinstance(runner, BucketedRunner):
+                runner.release()
+
     def use_stream_batchers(self, own_streams: bool = False) -> dict[str, Any]:
         """Shared `engines.batching.Batcher`s for the per-stream stages that many live streams can
         run together (audio encoders, motion sampling), by stage name; streams created afterwards
