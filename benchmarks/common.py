@@ -232,12 +232,11 @@ def variant_list(spec: str | None) -> list[str] | None:
     return [v for v in (spec or "").split(",") if v] or None
 
 
-TRITON_FLAGS = {"triton": "half", "triton8": "fp8", "triton8s": "fp8-static", "triton8m": "mixed",
-                "tritonsel": "select"}  # variant flag -> triton_convs
+TRITON_FLAGS = {"triton": "half", "triton8": "fp8", "triton8s": "fp8-static", "triton8m": "mixed"}  # flag -> triton_convs
 VARIANT_FLAGS = ("nchw", "cl", "nobench", "norw", "nofold", "gn", "nogn", "tf32", "notf32", "static", "dynamic",
                  *TRITON_FLAGS)
 VARIANT_SYNTAX = ("ACCEL[:nchw|:cl][:nobench][:norw][:nofold][:gn|:nogn][:tf32|:notf32][:triton|:triton8|:triton8s|"
-                  ":triton8m|:tritonsel][:rowsR][:static|:dynamic]")
+                  ":triton8m][:rowsR][:static|:dynamic]")
 
 
 def kernel_choices() -> dict[str, Any]:
@@ -270,8 +269,7 @@ def parse_variant(spec: str, engine: str | None = None) -> dict[str, Any]:
     for Ditto its front end graphed with TF32 matmuls (':tf32') or in float32 (':notf32'; else the
     engine's default, TF32), and the render convolutions on the Triton kernel in half precision
     (':triton') or FP8 with input scales per call (':triton8'), fixed at build (':triton8s') or on
-    the network's FP8-safe convs only (':triton8m'), or half on the convs the network names as slow under
-    cuDNN only (':tritonsel'; accel/igemm_conv.py), and for MuseTalk the VAE
+    the network's FP8-safe convs only (':triton8m'; accel/igemm_conv.py), and for MuseTalk the VAE
     decoder for face rows R-255 only (':rows104': ``first_face_row``, engines/musetalk/lower_face_decoder.py;
     ':rows0' the whole face, which with a compile mode on CUDA is no longer the default)
     and its render compiled per batch bucket at a static shape (':static': ``static_shapes="all"``) or every

@@ -218,36 +218,6 @@ def test_mixed_runs_the_selected_convs_in_fp8_and_the_rest_in_half():
     assert mode == "half" and (unselected[0].mode, unselected[2].mode) == ("half", "half")
 
 
-def test_select_runs_only_the_named_convs_in_half_and_a_network_naming_none_keeps_cudnn():
-    """``"select"``: the convs the network names as slow under cuDNN go to the kernel in half, every
-    other conv stays a plain conv (one Inductor lowers); a network that names none keeps cuDNN."""
-    net = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.SiLU(), nn.Conv2d(32, 32, 7, padding=3)).to(DEVICE)
-    mode, swapped = with_triton_convs(net, "select", DEVICE, select_convs=lambda name, m: name == "2")
-    assert mode == "select" and isinstance(swapped[0], nn.Conv2d) and swapped[2].mode == "half"
-    assert isinstance(net[2], nn.Conv2d)  # the caller's network keeps its convs
-    x = _cl(torch.randn(1, 16, 6, 6, generator=torch.Generator().manual_seed(4)))
-    with torch.inference_mode():
-        ref, got = net(x).cpu(), swapped(x).cpu()
-    assert ((got - ref).norm() / ref.norm()).item() < 1e-4
-    assert with_triton_convs(net, "select", DEVICE) == ("off", net)
-
-
-def test_ditto_selects_its_dense_motion_mask_conv_alone():
-    """Ditto's ``triton_convs="select"``: the depth-sliced 7x7 mask conv of the dense-motion network,
-    nothing in the decoder."""
-    from newsstudio.accel.depth_sliced_conv3d import DepthSlicedConv3d
-    from newsstudio.engines.ditto.engine import cudnn_slow_warp_conv
-    from newsstudio.engines.ditto.models import WarpingNetwork
-    from newsstudio.engines.ditto.models.regrouped import regrouped_warp
-
-    warp = regrouped_warp(WarpingNetwork())
-    picked = [name for name, m in warp.named_modules() if cudnn_slow_warp_conv(name, m)]
-    assert picked == ["dense_motion_network.mask"] and isinstance(warp.dense_motion_network.mask, DepthSlicedConv3d)
-    assert convert_convs_to_triton_(warp, filter=cudnn_slow_warp_conv, force=True) == 1
-    assert isinstance(warp.dense_motion_network.mask.conv, TritonConv2d)
-    assert sum(isinstance(m, TritonConv2d) for m in warp.modules()) == 1
-
-
 def test_bad_calls_are_refused():
     x = _cl(torch.randn(1, 12, 4, 4))
     with pytest.raises(ValueError, match="multiple of 8"):

@@ -43,11 +43,10 @@ __all__ = ["CALIBRATED_MODES", "CONV_MODES", "ENGINE_FP8_HEADROOM", "TRITON_CONV
 #: What one `TritonConv2d` computes in.
 CONV_MODES = ("half", "fp8", "fp8-static")
 #: An engine's setting: ``"mixed"`` is fp8-static on the convs the network names as FP8-safe (its
-#: ``fp8_convs`` selection: where FP8's 3-bit mantissa costs least accuracy) and half elsewhere;
-#: ``"select"`` is half on the convs the network names as slow under cuDNN (its ``select_convs``, e.g.
-#: Ditto's dense-motion mask conv, on an Ampere-generation cuDNN kernel on Hopper) and cuDNN elsewhere,
-#: so that every other conv stays one Inductor lowers and fuses around.
-TRITON_CONV_MODES = ("off", *CONV_MODES, "mixed", "select")
+#: ``fp8_convs`` selection: where FP8's 3-bit mantissa costs least accuracy) and half elsewhere.
+#: (A ``"select"`` setting, half on the convs cuDNN runs slowly only, was dropped: Ditto's 7x7 mask conv,
+#: the one it named, ran slower on the kernel than on cuDNN on an H100; benchmarks/RESULTS.md, 38th session.)
+TRITON_CONV_MODES = ("off", *CONV_MODES, "mixed")
 #: The settings whose converted network needs `calibrate_fp8_` before it runs.
 CALIBRATED_MODES = ("fp8-static", "mixed")
 #: fp8-static's scale covers this many times the largest input seen while calibrating (one binade of
@@ -267,12 +266,10 @@ def convert_convs_to_triton_(module: nn.Module, mode: str = "half", *, kernel: s
 
 
 def with_triton_convs(module: nn.Module, mode: str, device: torch.device | str, copied: bool = False,
-                      fp8_convs: Callable[[str, nn.Module], bool] | None = None,
-                      select_convs: Callable[[str, nn.Module], bool] | None = None) -> tuple[str, nn.Module]:
+                      fp8_convs: Callable[[str, nn.Module], bool] | None = None) -> tuple[str, nn.Module]:
     """An engine's network with its convolutions on the Triton kernel: ``(mode that applies,
     module)``. ``mode``: one of `TRITON_CONV_MODES`; ``"mixed"`` takes the FP8-safe convs from
-    ``fp8_convs`` (a ``(name, module)`` filter; a network without one runs ``"half"``); ``"select"`` swaps
-    only the convs ``select_convs`` names (a network without a selection keeps cuDNN: ``"off"``). The layers are swapped in a shared
+    ``fp8_convs`` (a ``(name, module)`` filter; a network without one runs ``"half"``). The layers are swapped in a shared
     copy (same weights; the caller's network, which other engines and the reference pipelines
     share, keeps its convs) unless ``copied`` says ``module`` is already the engine's own copy.
     Where the kernel cannot run (CPU, no Triton) the module is returned as it is and the mode is
@@ -281,9 +278,6 @@ def with_triton_convs(module: nn.Module, mode: str, device: torch.device | str, 
     (`calibrate_fp8_`) before it runs."""
     if mode not in TRITON_CONV_MODES:
         raise ValueError(f"triton_convs must be one of {TRITON_CONV_MODES}, got {mode!r}")
-    if mode == "select" and select_convs is None:
-        log.info("'select' Triton convolutions: this network names none, cuDNN keeps them")
-        return "off", module
     if mode == "off":
         return mode, module
     device = torch.device(device)
@@ -298,17 +292,13 @@ def with_triton_convs(module: nn.Module, mode: str, device: torch.device | str, 
                     "no triton" if not triton_available() else "needs CUDA" + (" with compute capability >= 8.9" if fp8 else ""))
         return "off", module
     out = module if copied else shared_copy(module)
-    convert_convs_for_mode_(out, mode, fp8_convs, select_convs)
+    convert_convs_for_mode_(out, mode, fp8_convs)
     return mode, out
 
 
-def convert_convs_for_mode_(module: nn.Module, mode: str, fp8_convs: Callable[[str, nn.Module], bool] | None = None,
-                            select_convs: Callable[[str, nn.Module], bool] | None = None) -> int:
-    """`convert_convs_to_triton_` for a setting: one of `CONV_MODES` for every conv, ``"mixed"``:
-    fp8-static on the convs ``fp8_convs`` selects, half on the rest, or ``"select"``: half on the
-    convs ``select_convs`` selects only; returns how many were swapped."""
-    if mode == "select":
-        return convert_convs_to_triton_(module, "half", filter=select_convs) if select_convs is not None else 0
+def convert_convs_for_mode_(module: nn.Module, mode: str, fp8_convs: Callable[[str, nn.Module], bool] | None = None) -> int:
+    """`convert_convs_to_triton_` for a setting: one of `CONV_MODES` for every conv, or ``"mixed"``:
+    fp8-static on the convs ``fp8_convs`` selects, half on the rest; returns how many were swapped."""
     if mode == "mixed":
         return convert_convs_to_triton_(module, "fp8-static", filter=fp8_convs) + convert_convs_to_triton_(module, "half")
     return convert_convs_to_triton_(module, mode)

@@ -122,17 +122,6 @@ def env_options() -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------- engine
 
-# The warp network's convs that cuDNN runs on an Ampere-generation kernel on Hopper (thirty-seventh session's kernel
-# table: one mma.sync kernel, 17 % of the render runner, most likely the 7x7 mask conv over depth slices):
-# ``triton_convs="select"`` puts these alone on the Triton kernel.
-CUDNN_SLOW_WARP_CONVS = ("dense_motion_network.mask",)
-
-
-def cudnn_slow_warp_conv(name: str, module: torch.nn.Module) -> bool:
-    """``convert_convs_to_triton_``'s filter for `CUDNN_SLOW_WARP_CONVS` (names within the warp network)."""
-    return name in CUDNN_SLOW_WARP_CONVS
-
-
 HUBERT_BATCH = 8  # audio windows per HuBERT call of one stream (5 frames each)
 HUBERT_BUCKET_MAX = 32  # windows per call when a server's streams share it
 
@@ -162,9 +151,9 @@ class DittoEngine(Engine):
     ``triton_convs``: warp's and decoder's 2-D convolutions by the Triton implicit-GEMM kernel
     (accel/igemm_conv.py) in half precision (``"half"``), in FP8 (Hopper+) with each input's scale
     from its amax on every call (``"fp8"``) or fixed once when the engine is built (``"fp8-static"``:
-    from the built-in portrait driven by seeded small motions, with 2x headroom), only the warp's
-    convs that cuDNN runs slowly on Hopper in half (``"select"``: `CUDNN_SLOW_WARP_CONVS`), or by cuDNN
-    (``"off"``, the default until the kernel is measured to pay on the GPU); CUDA only.
+    from the built-in portrait driven by seeded small motions, with 2x headroom), or by cuDNN
+    (``"off"``, the default: with every eligible conv on the kernel in half, dense 1080x1920 ran at
+    264.5 instead of 307.2 frames/s on an H100, benchmarks/RESULTS.md thirty-eighth session); CUDA only.
     ``stride``: warp + decode every ``stride``-th frame only and interpolate the frames between
     (``stride_mode``: how; see stride.py); 1 = dense.
     ``front_end_tf32``: HuBERT's and the LMDM's CUDA graphs captured with TF32 matmuls (their
@@ -239,8 +228,7 @@ class DittoEngine(Engine):
             use_nhwc_spade_norms_(self._decoder)
         elif self.nhwc_norms:  # the plain decoder: the InstanceNorms' statistics on the kernel
             self._decoder = with_nhwc_group_norms(self._decoder)[0]
-        self.triton_convs, self._warp = with_triton_convs(self._warp, triton_convs, device, copied=self.conv_rewrites,
-                                                          select_convs=cudnn_slow_warp_conv)
+        self.triton_convs, self._warp = with_triton_convs(self._warp, triton_convs, device, copied=self.conv_rewrites)
         _, self._decoder = with_triton_convs(self._decoder, self.triton_convs, device,
                                              copied=self.conv_rewrites or self.nhwc_norms)
         # warp + decoder as one static-shape callable per batch bucket (CUDA graphs: ~1,000 launches less per call)
