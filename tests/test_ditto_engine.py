@@ -601,6 +601,8 @@ def test_the_developer_architecture_is_kept_apart(packet, tmp_path):
     assert "weights" in prebake_mismatch(packet, full)
     with pytest.raises(ValueError, match="width_divisor .*weights='random'"):
         DittoEngine("cpu", weights="official", width_divisor=4)
+    with pytest.raises(ValueError, match="hubert_layers .*weights='random'"):
+        DittoEngine("cpu", weights="official", hubert_layers=1)
     with pytest.raises(ValueError, match="width_divisor must divide 32"):
         DittoEngine("cpu", weights="random", **{**OPTS, "width_divisor": 3})
     dest = tmp_path / "tampered"

@@ -178,8 +178,7 @@ def avatar_list(avatars: Optional[Path] = AvatarsOpt) -> None:
 TritonConvsOpt = typer.Option("off", help="MuseTalk/Ditto render convolutions on the Triton implicit-GEMM kernel: off "
                               "(cuDNN), half (per layer the fastest of Triton and cuDNN), fp8 (Hopper+, FP8 operands, input "
                               "scales per call), fp8-static (input scales fixed once on the built-in portrait) or mixed (fp8-static on "
-                              "the convs where FP8 stays accurate, MuseTalk's full-resolution decoder block; half elsewhere) or select (half on "
-                              "the convs cuDNN runs slowly on Hopper only: Ditto's dense-motion mask conv); CUDA only.")
+                              "the convs where FP8 stays accurate, MuseTalk's full-resolution decoder block; half elsewhere); CUDA only.")
 FirstFaceRowOpt = typer.Option("default", help="MuseTalk: the face rows its VAE decoder makes. default: auto on CUDA "
                                "with a compile mode, the whole face elsewhere; auto: rows 104-255, the rows the blend shows "
                                "(+25 % frames/s on an H100; an approximation, 36.9 dB over the blended pixels with seeded "

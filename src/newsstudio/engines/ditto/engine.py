@@ -107,6 +107,10 @@ def get_models(weights: str, models_dir: Path, salt: int, device: torch.device, 
     return _MODELS.get(key, build)
 
 
+#: Config options that shrink the architecture (tests only) -> their value with real weights.
+TEST_ARCHITECTURE_OPTIONS: dict[str, Any] = {"hubert_layers": None, "width_divisor": 1}
+
+
 def env_options() -> dict[str, Any]:
     raw = os.environ.get(OPTIONS_ENV, "").strip()
     if not raw:
@@ -200,8 +204,8 @@ class DittoEngine(Engine):
         self.random_weights = weights == "random"
         self.salt = int(salt) if self.random_weights else None
         opts = {**env_options(), **options}
-        for test_only in ("hubert_layers", "width_divisor"):
-            if not self.random_weights and opts.get(test_only) not in (None, 1):
+        for test_only, real in TEST_ARCHITECTURE_OPTIONS.items():
+            if not self.random_weights and opts.get(test_only, real) != real:
                 raise ValueError(f"{test_only} (a test architecture) needs weights='random'")
         self.config = load_config(self.models_dir, **opts)
         if self.random_weights:
