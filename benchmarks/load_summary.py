@@ -19,7 +19,7 @@ def level_line(r: dict) -> str:
         v = r.get(key)
         return "-" if v is None else f"{v:.1f}"
 
-    return (f"{r['sessions']} sessions | batch graphs {r.get('batch_graphs')} | compose graphs {r.get('compose_graphs')} | "
+    return (f"{r['sessions']} sessions | batch graphs {r.get('batch_graphs')} | compose graphs {r.get('compose_graphs')} | socket writes {r.get('ws_socket_writes')} | "
             f"on time {r['sustained']} of {r['sessions']} | errors {r['errors']} | server fps {r['server_fps']:.1f} | "
             f"fps min {r['fps_min']:.1f} | jitter p95 {ms('jitter_p95_ms')} ms | batch {ms('batch_frames_mean')} frames "
             f"({r.get('requests_per_batch') or 0:.2f} requests) | render busy {r['render_busy_share']:.2f} | "

@@ -139,16 +139,19 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
     graphs = args.batch_graphs if cfg is not None and args.batch_graphs else [None]
     composed = args.compose_graphs if cfg is not None and args.compose_graphs else [None]
     frozen = args.gc_freeze if cfg is not None and args.gc_freeze else [None]
+    socket_writes = args.ws_socket_writes if cfg is not None and args.ws_socket_writes else [None]
     compose = args.compose if cfg is not None and args.compose else [None]
     formats = args.formats if len(getattr(args, "formats", [])) > 1 else [None]  # the clients' choice: any server
-    for si, lead, paced, ahead, in_flight, own, rows, mode, fmt, phases, filled, graphed, cgraphed, freeze, spaced in itertools.product(
+    for si, lead, paced, ahead, in_flight, own, rows, mode, fmt, phases, filled, graphed, cgraphed, freeze, spaced, direct in itertools.product(
             values(args.switch_intervals, float, local=False), values(args.render_leads, float), on_clock,
             values(args.render_aheads, int), values(args.render_in_flight, int), front_end,
             values(args.live_update_rows, int), compose, formats, spread, fill, graphs, composed, frozen,
-            values(args.speech_push_intervals_ms, float)):
+            values(args.speech_push_intervals_ms, float), socket_writes):
         def apply(si=si, lead=lead, paced=paced, ahead=ahead, in_flight=in_flight, own=own, rows=rows,
                   mode=mode, fmt=fmt, phases=phases, filled=filled, graphed=graphed, cgraphed=cgraphed,
-                  freeze=freeze, spaced=spaced) -> None:
+                  freeze=freeze, spaced=spaced, direct=direct) -> None:
+            if direct is not None:  # read as each new WebSocket session opens
+                cfg.ws_socket_writes = direct
             if spaced is not None:  # read as each new session's speech intake is made
                 cfg.speech_push_interval_s = spaced / 1000
             if freeze is not None:  # freeze what is alive now, or unfreeze it
@@ -203,7 +206,8 @@ def server_settings(args, cfg, state) -> list[tuple[str, Callable[[], None]]]:
             None if graphed is None else f"one-avatar batches {'by batch graphs' if graphed else 'by the general path'}",
             None if cgraphed is None else f"sessions compose {'through their graphs' if cgraphed else 'directly'}",
             None if freeze is None else f"warm objects {'frozen out of' if freeze else 'walked by'} garbage collections",
-            None if spaced is None else f"speech pushed {f'every {spaced:g} ms at most' if spaced else 'as it comes'}") if part)
+            None if spaced is None else f"speech pushed {f'every {spaced:g} ms at most' if spaced else 'as it comes'}",
+            None if direct is None else f"chunks {'written to the socket without the GIL' if direct else 'through the transport'}") if part)
         out.append((label, apply))
     return out
 
@@ -548,6 +552,9 @@ def main() -> None:
     ap.add_argument("--compose-graphs", default=None,
                     help="live sessions compose (splice + copy-out) through CUDA graphs of their own "
                          "(compose/session_graphs.py) or directly: on, off, or off,on to sweep (server started here)")
+    ap.add_argument("--ws-socket-writes", default=None,
+                    help="ServerConfig.ws_socket_writes (a WebSocket chunk written to the socket with the GIL released "
+                         "where the transport has nothing queued): on, off, or off,on to sweep (server started here)")
     ap.add_argument("--gc-freeze", default=None,
                     help="ServerConfig.gc_freeze (objects alive after warm-up frozen out of garbage collections): "
                          "on, off, or off,on to sweep (server started here)")
@@ -626,6 +633,7 @@ def main() -> None:
     args.batch_graphs = on_off_list(args.batch_graphs, "--batch-graphs")
     args.compose_graphs = on_off_list(args.compose_graphs, "--compose-graphs")
     args.gc_freeze = on_off_list(args.gc_freeze, "--gc-freeze")
+    args.ws_socket_writes = on_off_list(args.ws_socket_writes, "--ws-socket-writes")
     args.compose = compose_list(args.compose)
     args.formats = format_list(args.format)
     args.format = args.formats[0]
@@ -677,6 +685,7 @@ SERVER_SETTINGS: tuple[tuple[str, Callable[[Any, Any], Any]], ...] = (
     ("compose_graphs", lambda cfg, state: state.engines.compose_graphs() if state is not None else None),
     ("first_face_row", lambda cfg, state: cfg.first_face_row),
     ("gc_freeze", lambda cfg, state: cfg.gc_freeze),
+    ("ws_socket_writes", lambda cfg, state: cfg.ws_socket_writes),
     ("speech_push_interval_ms", lambda cfg, state: cfg.speech_push_interval_s * 1e3),
 )
 

@@ -35,14 +35,14 @@ UPLOAD_LIMIT = 2_000_000
 class ServerThread:
     """uvicorn on a pre-bound loopback socket, in a thread; stops cleanly."""
 
-    def __init__(self, app):
+    def __init__(self, app, **config):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn_config(app, log_level="warning", lifespan="on"))
+        self.server = uvicorn.Server(uvicorn_config(app, **{"log_level": "warning", "lifespan": "on", **config}))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self):

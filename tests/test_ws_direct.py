@@ -23,15 +23,15 @@ def test_the_header_is_the_one_websockets_writes(size):
     assert frame_header(size) + payload == Frame(Opcode.BINARY, payload).serialize(mask=False)
 
 
-def _app(report: dict) -> FastAPI:
+def _app(report: dict, sizes: list[int] = SIZES, socket_writes: bool = True) -> FastAPI:
     app = FastAPI()
 
     @app.websocket("/ws")
     async def ws(w: WebSocket) -> None:
         await w.accept()
-        sender = DirectBinarySender(w)
+        sender = DirectBinarySender(w, socket_writes=socket_writes)
         report["direct"] = sender.direct
-        for i, size in enumerate(SIZES):
+        for i, size in enumerate(sizes):
             payload = bytearray(os.urandom(size))
             if i % 2:  # what `_pack` makes: a view of an uninitialised numpy buffer, filled in
                 payload = memoryview(np.frombuffer(payload, np.uint8).copy())
@@ -40,16 +40,16 @@ def _app(report: dict) -> FastAPI:
                 await w.send_bytes(payload)
         await w.send_text("done")  # text frames still go through the protocol, in order after the direct ones
         report["direct_sent"] = sender.sent
+        report["socket_bytes"], report["queued_bytes"] = sender.socket_bytes, sender.queued_bytes
         await w.close()
 
     return app
 
 
-def test_a_uvicorn_server_sends_binary_messages_directly_and_the_client_reads_them_unchanged():
+def _read_all(app: FastAPI, **config) -> list:
     from websockets.asyncio.client import connect
 
-    report: dict = {}
-    with ServerThread(_app(report)) as server:
+    with ServerThread(app, **config) as server:
         async def read() -> list:
             got = []
             async with connect(server.ws_url + "/ws", max_size=None) as c:
@@ -57,9 +57,38 @@ def test_a_uvicorn_server_sends_binary_messages_directly_and_the_client_reads_th
                     got.append(msg)
             return got
 
-        got = asyncio.run(read())
+        return asyncio.run(read())
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_uvicorn_server_sends_binary_messages_directly_and_the_client_reads_them_unchanged(loop):
+    report: dict = {}
+    got = _read_all(_app(report), loop=loop)
     assert report["direct"] and report["direct_sent"] == len(SIZES)  # the direct path, every time
     assert got[:-1] == report["sent"] and got[-1] == "done"
+    assert report["socket_bytes"] > 0  # written by the GIL-free path, not only handed to the transport
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_messages_larger_than_the_socket_takes_continue_through_the_transport_in_order(loop):
+    """A burst the kernel's buffer cannot hold at once (a 24 MB message, then smaller ones while the
+    rest is still queued): part goes to the socket, the rest through the transport, and the client
+    reads every message whole and in order."""
+    sizes = [24 << 20, 3 * 1080 * 1080 // 2, 5, 24 << 20, 70_000]
+    report: dict = {}
+    got = _read_all(_app(report, sizes), loop=loop)
+    assert report["direct_sent"] == len(sizes)
+    assert [len(m) for m in got[:-1]] == sizes and got[:-1] == report["sent"] and got[-1] == "done"
+    assert report["socket_bytes"] > 0 and report["queued_bytes"] > 0  # both paths carried bytes
+
+
+def test_with_socket_writes_off_every_byte_goes_through_the_transport():
+    """ServerConfig.ws_socket_writes=False: still one direct frame per message, none of it written
+    to the socket here (the A/B baseline of benchmarks.load_test --ws-socket-writes)."""
+    report: dict = {}
+    got = _read_all(_app(report, socket_writes=False))
+    assert report["direct_sent"] == len(SIZES) and got[:-1] == report["sent"]
+    assert report["socket_bytes"] == 0 and report["queued_bytes"] == sum(len(frame_header(n)) + n for n in SIZES)
 
 
 def test_other_servers_take_the_ordinary_path():

@@ -144,6 +144,10 @@ class ServerConfig:
     render and the rest follow at once, so arrivals spread by the render time (Ditto at 30 fps on
     an H200: jitter p95 125-144 ms, twelfth session). Held, they arrive evenly whenever the render
     takes less than the lead."""
+    ws_socket_writes: bool = True
+    """A WebSocket chunk goes to the socket in one GIL-free write wherever the connection's transport
+    has nothing queued (server/ws_direct.py); off, every byte goes through the transport, whose
+    first write under uvloop holds the GIL while the kernel copies. Read as each session opens."""
     spread_render_phases: bool = True
     """Each new live session gets a render phase (`LiveSession._phased`), spread over the period of
     one request (render_ahead / fps) in golden-ratio steps, so sessions that start together do not

@@ -504,7 +504,7 @@ class WsSession:
     async def _send(self) -> None:
         q = self.queue
         assert q is not None
-        direct = DirectBinarySender(self.ws)  # chunks as written, not copied under the GIL (ws_direct.py)
+        direct = DirectBinarySender(self.ws, socket_writes=self.state.cfg.ws_socket_writes)  # ws_direct.py
         while True:
             text, payload = await q.get()
             if text:

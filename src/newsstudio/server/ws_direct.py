@@ -13,9 +13,18 @@ connection open, no extension negotiated (``serve`` turns per-message deflate of
 connection needs the protocol's own framing) and no fragmented message under way. Anything else,
 and every failure case (a closing or closed connection), goes through ``send_bytes``, which raises
 what it always raised. The flow control is uvicorn's: wait while its transport is paused.
+
+The kernel's copy itself runs without the GIL: where the transport has nothing queued, header and
+payload go to the socket in one ``os.writev`` (which releases the GIL), and only what the socket
+does not take is handed to the transport. Why: uvicorn runs on uvloop where it is installed
+(``uvicorn[standard]``, and the GPU machines), and uvloop's ``transport.write`` makes its first
+attempt at the socket with the GIL held: py-spy (``--gil``) found the event loop holding the GIL
+there 0.16 of the wall time at 16 MuseTalk sessions (~1.3 ms per 7 MB chunk; benchmarks/RESULTS.md,
+thirty-ninth session), time every render and speech thread waited through.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 OP_BINARY_FIN = 0x82  # FIN + binary opcode; a server's frames are not masked (RFC 6455 5.1)
@@ -58,14 +67,30 @@ def _sansio_protocol(ws: Any) -> Any | None:
     return None
 
 
+def _plain_socket_fd(transport: Any) -> int | None:
+    """The file descriptor of the transport's socket where bytes written to it reach the peer as they
+    are (no TLS layer in between), else None."""
+    if transport.get_extra_info("sslcontext") is not None or transport.get_extra_info("ssl_object") is not None:
+        return None
+    sock = transport.get_extra_info("socket")
+    try:
+        fd = sock.fileno() if sock is not None else -1
+    except (AttributeError, OSError):
+        return None
+    return fd if isinstance(fd, int) and fd >= 0 else None
+
+
 class DirectBinarySender:
     """``await sender.send(payload)``: True when the payload went out as one binary frame written
     straight to the transport, False when the caller must send it with ``send_bytes`` (see the
     module doc). ``direct`` says whether the connection allows the direct path at all."""
 
-    def __init__(self, ws: Any) -> None:
+    def __init__(self, ws: Any, socket_writes: bool = True) -> None:
         self._proto = _sansio_protocol(ws)
+        self._fd = _plain_socket_fd(self._proto.transport) if self._proto is not None and socket_writes else None
         self.sent = 0  # messages written directly (tests, metrics)
+        self.socket_bytes = 0  # of their bytes: written to the socket without the GIL
+        self.queued_bytes = 0  # the rest: handed to the transport (the socket was full or it had a queue)
 
     @property
     def direct(self) -> bool:
@@ -83,7 +108,26 @@ class DirectBinarySender:
                 or conn.expect_continuation_frame or getattr(conn, "extensions", None)):
             return False
         view = memoryview(payload).cast("B")
-        p.transport.write(frame_header(view.nbytes))  # the two writes run back to back on the event loop: one frame
-        p.transport.write(view)
+        header = frame_header(view.nbytes)
+        written = self._write_to_socket(header, view) if p.transport.get_write_buffer_size() == 0 else 0
+        # what the socket did not take goes to the transport, in order, without an await in between: one frame
+        if written < len(header):
+            p.transport.write(header[written:])
+            p.transport.write(view)
+        elif written < len(header) + view.nbytes:
+            p.transport.write(view[written - len(header):])
+        self.socket_bytes += written
+        self.queued_bytes += len(header) + view.nbytes - written
         self.sent += 1
         return True
+
+    def _write_to_socket(self, header: bytes, view: memoryview) -> int:
+        """Bytes of header + payload the socket took at once (0 when full or on an error, which the
+        transport then meets and reports its own way). Only called with the transport's queue empty,
+        so nothing written here can overtake bytes it still holds."""
+        if self._fd is None:
+            return 0
+        try:
+            return os.writev(self._fd, (header, view))  # the kernel's copy runs with the GIL released
+        except OSError:  # BlockingIOError (full), InterruptedError, a reset or closed peer
+            return 0
