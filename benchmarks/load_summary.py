@@ -24,7 +24,8 @@ def level_line(r: dict) -> str:
             f"fps min {r['fps_min']:.1f} | jitter p95 {ms('jitter_p95_ms')} ms | batch {ms('batch_frames_mean')} frames "
             f"({r.get('requests_per_batch') or 0:.2f} requests) | render busy {r['render_busy_share']:.2f} | "
             f"GIL wait p50/p95 {r.get('gil_wait_p50_ms')}/{r.get('gil_wait_p95_ms')} ms | full GCs "
-            f"{r.get('gc_full_collections', '-')}, longest {ms('gc_pause_max_ms')} ms | render call/wait/copy-out "
+            f"{r.get('gc_full_collections', '-')}, longest {ms('gc_pause_max_ms')} ms | captures/compiles in level "
+            f"{r.get('graph_captures_during', '-')}/{r.get('compiled_frames_during', '-')} | render call/wait/copy-out "
             f"{ms('session_render_call_ms')}/{ms('session_render_wait_ms')}/{ms('session_copy_out_ms')} ms | late max "
             f"{ms('late_max_ms')} ms | loop lag p95/max {ms('loop_lag_p95_ms')}/{ms('loop_lag_max_ms')} ms | GPU MB before/after "
             f"{ms('gpu_before_mb')}/{ms('gpu_after_mb')}{host_part(r.get('host_speed'))}")

@@ -504,10 +504,19 @@ async def run_level(url: str, n: int, args, pcm, sr, clients: ClientPool | None 
         "gpu_before_mb": gpu(before) / 1e6, "gpu_peak_mb": peak_gpu / 1e6, "gpu_after_mb": gpu(after) / 1e6,
         "active_after": after["active_sessions"],
         **gc_level(before.get("gc"), after.get("gc")),
+        **work_level(before.get("compile_work"), after.get("compile_work")),
         **(probe.summary() if probe is not None else {}),
         **({"thread_cpu": thread_cpu} if thread_cpu is not None else {}),
         **({"gpu_timeline": profile} if profile else {}),
     }
+
+
+def work_level(before: dict | None, after: dict | None) -> dict:
+    """The server's compile and capture work over a level (two /metrics snapshots): a level that
+    captures or compiles more than the next one at the same settings met work its warm-up missed."""
+    if not before or not after:
+        return {}
+    return {f"{k}_during": after[k] - before[k] for k in ("graph_captures", "compiled_frames", "fallbacks")}
 
 
 def gc_level(before: dict | None, after: dict | None) -> dict:
@@ -651,7 +660,7 @@ def main() -> None:
           f"1M-step Python loop {args.host_speed['python_loop_1m_ms']} ms, CUDA launch {args.host_speed['cuda_launch_us']} us",
           file=sys.stderr)
     cols = [("sessions", "d"), ("switch_interval_ms", "g"), ("render_lead_ms", "g"), ("send_on_clock", "d"), ("render_ahead", "d"), ("prebuffer_ms", "g"), ("render_in_flight", "d"), ("front_end_streams", "d"), ("sustained", "d"), ("refused", "d"), ("errors", "d"), ("fps_min", ".1f"), ("fps_median", ".1f"), ("jitter_p95_ms", ".1f"), ("late_p50_ms", ".1f"),
-            ("late_p95_ms", ".1f"), ("late_max_ms", ".1f"), ("server_fps", ".1f"), ("loop_lag_p95_ms", ".1f"), ("loop_lag_max_ms", ".0f"), ("gc_full_collections", ".0f"), ("gc_pause_max_ms", ".0f"), ("gil_wait_p50_ms", ".2f"), ("gil_wait_p95_ms", ".2f"), ("speaking_share", ".2f"), ("rss_before_mb", ".0f"),
+            ("late_p95_ms", ".1f"), ("late_max_ms", ".1f"), ("server_fps", ".1f"), ("loop_lag_p95_ms", ".1f"), ("loop_lag_max_ms", ".0f"), ("gc_full_collections", ".0f"), ("gc_pause_max_ms", ".0f"), ("graph_captures_during", "d"), ("compiled_frames_during", "d"), ("gil_wait_p50_ms", ".2f"), ("gil_wait_p95_ms", ".2f"), ("speaking_share", ".2f"), ("rss_before_mb", ".0f"),
             ("rss_peak_mb", ".0f"), ("rss_after_mb", ".0f"), ("gpu_before_mb", ".0f"), ("gpu_peak_mb", ".0f"), ("gpu_after_mb", ".0f"),
             ("batch_frames_mean", ".1f"), ("requests_per_batch", ".2f"), ("request_frames_mean", ".1f"), ("bucket_fill", ".2f"), ("split_requests", "d"), ("render_wait_ms_mean", ".1f"), ("render_busy_share", ".2f"), ("audio_busy_share", ".2f"),
             ("audio_rows_per_call", ".1f"), ("motion_busy_share", ".2f"),

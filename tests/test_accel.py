@@ -628,6 +628,22 @@ def test_graph_runner_called_from_two_streams_never_refills_inputs_under_a_runni
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_every_capture_is_tallied_for_the_servers_metrics():
+    """`/metrics`' compile_work.graph_captures: each capture (here a small graph captured mid-run)
+    counts once, so captures while sessions run show in a load test's level."""
+    from newsstudio.accel.graph_capture import capture, captures_total
+    from newsstudio.accel.work_counts import work_counts
+
+    x = torch.ones(4, device="cuda")
+    before = captures_total()
+    replay = capture(lambda: x.mul_(2), x.device)
+    replay()
+    torch.cuda.synchronize()
+    assert captures_total() == before + 1 == work_counts()["graph_captures"]
+    assert x.tolist() == [4.0] * 4  # doubled by the eager run before the capture and by the one replay
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_mid_stream_capture_stream_is_no_pooled_stream():
     """Graphs captured mid-stream use a stream made for them: never one of PyTorch's pooled streams
     (which any other thread may be handed) and not the current stream; new streams are no one else's."""

@@ -201,6 +201,13 @@ def test_health_metrics_and_docs(client):
     gcm = mt["gc"]
     assert len(gcm["collections"]) == 3 and sum(gcm["collections"]) > 0 and gcm["frozen_objects"] > 0
     assert all(p[1] >= 10.0 for p in gcm["long_pauses"])
+    # compile and capture work is tallied: a torch.compile build in the server's process shows up
+    import torch
+
+    work = mt["compile_work"]
+    assert work["graph_captures"] >= 0 and work["fallbacks"] >= 0
+    torch.compile(lambda x: x * 2 + 1, backend="eager")(torch.ones(3))
+    assert client.get("/metrics").json()["compile_work"]["compiled_frames"] == work["compiled_frames"] + 1
     # no Swagger UI / ReDoc page: FastAPI's load their scripts from a CDN (blank offline); the
     # schema is served by the server itself
     for page in ("/docs", "/redoc", "/docs/oauth2-redirect"):

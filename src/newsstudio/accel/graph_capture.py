@@ -17,11 +17,21 @@ failed capture with a tiny capture that succeeds, which unmarks them.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 
 import torch
 
 from .own_stream import capture_stream
+
+_captures_lock = threading.Lock()
+_captures = 0
+
+
+def captures_total() -> int:
+    """CUDA graph captures this process has begun (every capture goes through `capturing`): a live
+    server reports it, so captures while sessions run (a stall for them) are visible."""
+    return _captures
 
 
 @contextlib.contextmanager
@@ -29,6 +39,9 @@ def capturing(graph: torch.cuda.CUDAGraph, pool: object | None = None) -> Iterat
     """Capture what the block launches on the current stream into ``graph`` (thread-local mode);
     if the block or the capture fails, the error propagates and the device's random number
     generators are usable again (see the module doc)."""
+    global _captures
+    with _captures_lock:
+        _captures += 1
     graph.capture_begin(pool=pool, capture_error_mode="thread_local")
     try:
         yield

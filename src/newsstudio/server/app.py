@@ -32,6 +32,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.concurrency import run_in_threadpool
 
 from .. import __version__ as _version
+from ..accel.work_counts import work_counts
 from ..frame_rate import MAX_FPS
 from ..media.errors import MediaError
 from . import models as m
@@ -162,6 +163,7 @@ def create_app(cfg: ServerConfig | None = None) -> FastAPI:
             render_batching={k: m.BatchingInfo(**v) for k, v in state.engines.batcher_stats().items()},
             event_loop_lag=m.LoopLag(**state.metrics.loop_lag()),
             gc=m.GcInfo(**GC_PAUSES.snapshot()),
+            compile_work=m.CompileWork(**work_counts()),
             sessions=[m.SessionInfo(**s.info()) for s in state.sessions.list() if not s.closed],
         )
 

@@ -143,6 +143,15 @@ class GcInfo(BaseModel):
     frozen_objects: int = Field(description="Objects in the permanent generation (frozen after engine warm-up).")
 
 
+class CompileWork(BaseModel):
+    """Compile and capture work since start (accel/work_counts.py): growth while sessions run is work
+    the engines' warm-up did not cover, a stall for the sessions of that moment."""
+    graph_captures: int = Field(description="CUDA graph captures begun: the engines' batch buckets at warm-up, "
+                                "each live session's compose graphs, ...")
+    compiled_frames: int = Field(description="Python frames torch.compile compiled, recompiles included.")
+    fallbacks: int = Field(description="Distinct reasons a runner asked to compile or capture runs eager instead.")
+
+
 class Metrics(BaseModel):
     uptime_s: float
     fps: float = Field(description="Frames handed to clients per second, all sessions and jobs, last 5 s.")
@@ -162,6 +171,7 @@ class Metrics(BaseModel):
         default_factory=dict, description="Per engine: how live sessions' renders were merged into shared batches.")
     event_loop_lag: LoopLag
     gc: GcInfo | None = None
+    compile_work: CompileWork | None = None
     sessions: list[SessionInfo]
 
 
