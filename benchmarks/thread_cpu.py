@@ -28,11 +28,11 @@ def _cpu_ticks(stat_path: Path) -> int | None:
     return int(fields[11]) + int(fields[12])  # utime + stime (fields 14, 15 of stat)
 
 
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) a process has used so far."""
-    ticks = _cpu_ticks(Path(f"/proc/{pid}/stat"))
+def thread_cpu_s(pid: int, tid: int) -> float:
+    """CPU seconds (user + system) one thread of a process has used so far (tid = pid: its main thread)."""
+    ticks = _cpu_ticks(Path(f"/proc/{pid}/task/{tid}/stat"))
     if ticks is None:
-        raise ProcessLookupError(f"no /proc/{pid}/stat")
+        raise ProcessLookupError(f"no /proc/{pid}/task/{tid}/stat")
     return ticks / TICK
 
 
