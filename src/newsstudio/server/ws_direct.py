@@ -69,7 +69,9 @@ def _sansio_protocol(ws: Any) -> Any | None:
 
 def _plain_socket_fd(transport: Any) -> int | None:
     """The file descriptor of the transport's socket where bytes written to it reach the peer as they
-    are (no TLS layer in between), else None."""
+    are (no TLS layer in between), else None (also where the OS has no ``writev``: Windows)."""
+    if not hasattr(os, "writev"):
+        return None
     if transport.get_extra_info("sslcontext") is not None or transport.get_extra_info("ssl_object") is not None:
         return None
     sock = transport.get_extra_info("socket")
