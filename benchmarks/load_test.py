@@ -377,6 +377,11 @@ def _cpu_shares(before: dict[str, float], after: dict[str, float], seconds: floa
     return {k: round(v, 3) for k, v in sorted(shares.items(), key=lambda kv: -kv[1]) if v > 0.005}
 
 
+def gpu_allocated(metrics: dict) -> int:
+    """CUDA memory allocated on all the server's GPUs, from a /metrics snapshot (0 without CUDA)."""
+    return sum(g["allocated_bytes"] for g in (metrics["gpu"] or []))
+
+
 async def run_level(url: str, n: int, args, pcm, sr, clients: ClientPool | None = None) -> dict:
     stop = asyncio.Event()
     stats = [_new_stats() for _ in range(n)]
@@ -393,6 +398,7 @@ async def run_level(url: str, n: int, args, pcm, sr, clients: ClientPool | None 
         else:
             tasks = [asyncio.ensure_future(client(url, args, pcm, sr, s, stop, d)) for s, d in zip(stats, delays)]
         peak_rss, peak_gpu, fps_seen, lag_p95, lag_max = before["rss_bytes"] or 0, 0, [], [], 0.0
+        memory_seen, work_seen = [], []  # once a second beside the frame rate: what grew when, if the rate sagged
         live: list[dict] = []  # the sessions' own figures, last sample of the level
         t_end = time.monotonic() + args.duration
         probe = GilProbe() if args.url is None else None  # the server runs in this process: its GIL's queue
@@ -414,6 +420,10 @@ async def run_level(url: str, n: int, args, pcm, sr, clients: ClientPool | None 
             peak_rss = max(peak_rss, m["rss_bytes"] or 0)
             peak_gpu = max([peak_gpu] + [g["allocated_bytes"] for g in (m["gpu"] or [])])
             fps_seen.append(m["fps"])
+            memory_seen.append([round((m["rss_bytes"] or 0) / 1e6), round(gpu_allocated(m) / 1e6)])
+            work = m.get("compile_work")
+            if work:
+                work_seen.append([work["graph_captures"], work["compiled_frames"]])
             lag = m.get("event_loop_lag") or {}
             lag_p95.append(lag.get("p95_ms", 0.0))
             lag_max = max(lag_max, lag.get("max_ms", 0.0))
@@ -449,7 +459,6 @@ async def run_level(url: str, n: int, args, pcm, sr, clients: ClientPool | None 
         if not s["errors"] and got >= 0.97 and np.percentile(jitter, 95) < buffer_s and spoke >= args.min_speaking:
             sustained += 1
     lat = np.array(lates or [0.0])
-    gpu = lambda m: sum(g["allocated_bytes"] for g in (m["gpu"] or []))  # noqa: E731
     # the shared batchers over this level: how big the render batches were, how long render requests
     # queued, and how busy each batcher's thread was (render; the streams' audio encoders; Ditto's LMDM)
     rb_before, rb_after = before.get("render_batching") or {}, after.get("render_batching") or {}
@@ -498,10 +507,12 @@ async def run_level(url: str, n: int, args, pcm, sr, clients: ClientPool | None 
         "late_p50_ms": float(np.percentile(lat, 50) * 1000), "late_p95_ms": float(np.percentile(lat, 95) * 1000), "late_max_ms": float(lat.max() * 1000),
         "server_fps": statistics.median(fps_seen[1:] or fps_seen or [0.0]),
         "server_fps_timeline": fps_seen,  # once a second over the level: when a late state set in, if it did
+        "memory_timeline_mb": memory_seen,  # [RSS, GPU allocated] once a second
+        "compile_work_timeline": work_seen,  # [graph captures, compiled frames] since start, once a second
         "loop_lag_p95_ms": statistics.median(lag_p95[1:] or lag_p95 or [0.0]), "loop_lag_max_ms": lag_max,
         "speaking_share": sum(s["speaking"] for s in stats) / max(1, sum(s["frames"] for s in stats)),
         "rss_before_mb": (before["rss_bytes"] or 0) / 1e6, "rss_peak_mb": peak_rss / 1e6, "rss_after_mb": (after["rss_bytes"] or 0) / 1e6,
-        "gpu_before_mb": gpu(before) / 1e6, "gpu_peak_mb": peak_gpu / 1e6, "gpu_after_mb": gpu(after) / 1e6,
+        "gpu_before_mb": gpu_allocated(before) / 1e6, "gpu_peak_mb": peak_gpu / 1e6, "gpu_after_mb": gpu_allocated(after) / 1e6,
         "active_after": after["active_sessions"],
         **gc_level(before.get("gc"), after.get("gc")),
         **work_level(before.get("compile_work"), after.get("compile_work")),

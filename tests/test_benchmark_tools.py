@@ -109,6 +109,9 @@ def test_the_load_test_sweeps_server_settings_on_one_running_server(tmp_path):
         assert r["speaking_share"] > 0.5, r  # the clients' speech reached the sessions
         assert r["active_after"] == 0  # every session closed before the next level
         assert len(r["server_fps_timeline"]) >= 1 and max(r["server_fps_timeline"]) > 0
+        # beside it each second: the server's memory and its compile/capture tallies (none on the CPU's classic engine)
+        assert len(r["memory_timeline_mb"]) == len(r["server_fps_timeline"]) and r["memory_timeline_mb"][0][0] > 0
+        assert r["graph_captures_during"] == r["compiled_frames_during"] == 0, r
         # the GIL probe woke every ~2 ms of the level in the server's process; the classic engine has no batch graphs
         assert r["gil_wakes"] > 200 and 0 <= r["gil_wait_p50_ms"] <= r["gil_wait_p95_ms"] <= r["gil_wait_max_ms"], r
         assert r["batch_graphs"] is None and r["compose_graphs"] is True  # switched on (used on CUDA only)
