@@ -111,7 +111,7 @@ class DirectBinarySender:
             return False
         view = memoryview(payload).cast("B")
         header = frame_header(view.nbytes)
-        written = self._write_to_socket(header, view) if p.transport.get_write_buffer_size() == 0 else 0
+        written = self._write_to_socket(p.transport, header, view)
         # what the socket did not take goes to the transport, in order, without an await in between: one frame
         if written < len(header):
             p.transport.write(header[written:])
@@ -123,11 +123,11 @@ class DirectBinarySender:
         self.sent += 1
         return True
 
-    def _write_to_socket(self, header: bytes, view: memoryview) -> int:
-        """Bytes of header + payload the socket took at once (0 when full or on an error, which the
-        transport then meets and reports its own way). Only called with the transport's queue empty,
-        so nothing written here can overtake bytes it still holds."""
-        if self._fd is None:
+    def _write_to_socket(self, transport: Any, header: bytes, view: memoryview) -> int:
+        """Bytes of header + payload the socket took at once: 0 where socket writes are off, where the
+        transport still holds bytes (written here they would overtake them), when the socket is full
+        or on an error (which the transport then meets and reports its own way)."""
+        if self._fd is None or transport.get_write_buffer_size():
             return 0
         try:
             return os.writev(self._fd, (header, view))  # the kernel's copy runs with the GIL released
