@@ -82,6 +82,28 @@ def test_messages_larger_than_the_socket_takes_continue_through_the_transport_in
     assert report["socket_bytes"] > 0 and report["queued_bytes"] > 0  # both paths carried bytes
 
 
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_binary_message_never_overtakes_bytes_the_transport_still_holds(loop):
+    """The transport's flow control set never to pause: after a message the socket could not take
+    whole, the next ones are sent while the transport still holds its rest and the client drains the
+    socket meanwhile. Each must wait its turn behind the held bytes; the client reads every message
+    whole and in order."""
+    sizes = [24 << 20] + [70_000] * 300
+    app = FastAPI()
+
+    @app.websocket("/ws")
+    async def ws(w: WebSocket) -> None:
+        await w.accept()
+        sender = DirectBinarySender(w)
+        sender._proto.transport.set_write_buffer_limits(high=1 << 30)  # never paused: no wait between sends
+        for i, size in enumerate(sizes):
+            assert await sender.send(bytes([i % 251]) * size)
+        await w.close()
+
+    got = _read_all(app, loop=loop)
+    assert [len(m) for m in got] == sizes and all(m == bytes([i % 251]) * len(m) for i, m in enumerate(got))
+
+
 def test_with_socket_writes_off_every_byte_goes_through_the_transport():
     """ServerConfig.ws_socket_writes=False: still one direct frame per message, none of it written
     to the socket here (the A/B baseline of benchmarks.load_test --ws-socket-writes)."""
