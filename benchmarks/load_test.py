@@ -418,9 +418,10 @@ async def run_level(url: str, n: int, args, pcm, sr, clients: ClientPool | None 
             await asyncio.sleep(1.0)
             m = (await c.get("/metrics")).json()
             peak_rss = max(peak_rss, m["rss_bytes"] or 0)
-            peak_gpu = max([peak_gpu] + [g["allocated_bytes"] for g in (m["gpu"] or [])])
+            allocated = gpu_allocated(m)
+            peak_gpu = max(peak_gpu, allocated)
             fps_seen.append(m["fps"])
-            memory_seen.append([round((m["rss_bytes"] or 0) / 1e6), round(gpu_allocated(m) / 1e6)])
+            memory_seen.append([round((m["rss_bytes"] or 0) / 1e6), round(allocated / 1e6)])
             work = m.get("compile_work")
             if work:
                 work_seen.append([work["graph_captures"], work["compiled_frames"]])
