@@ -1,0 +1,208 @@
+"""Where a dense render's wall time goes: the front end (audio features + motion) and the render
+(networks + splice) timed apart, next to the whole stream and to one that runs the front end on its
+own thread and CUDA stream, ahead of the renders.
+
+    python -m benchmarks.dense_stages --engine ditto [--size 1080x1920] [--seconds 6.6] [--chunk 32]
+                                      [--repeat 3] [--json out.json]
+
+Seeded weights, the yongen avatar, the first --seconds of speech.wav, NV12 kept on the device (the
+dense figure's setting). Rows, each the median of --repeat warm runs:
+
+- ``stream``: `stream_generator` as `benchmarks.run` times dense fps;
+- ``front end``: the same audio through the session's conditioner and driver alone (every driving
+  row, no render);
+- ``render``: those rows rendered and spliced in chunks of --chunk, nothing else;
+- ``front end ahead``: the front end on a thread and CUDA stream of its own handing chunks of rows to
+  the caller, which renders them as they come (what the stream would take if the two overlapped).
+
+If ``stream`` is about ``front end`` + ``render``, the two run one after the other and overlapping
+them is the lever; ``front end ahead`` measures what it buys on this GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import queue
+import sys
+import tempfile
+import threading
+import time
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .common import avatar, machine, media, median, sync
+from .run import segment_audio
+
+
+def _session(engine, packet):
+    from newsstudio.stream import StreamSession, background_for
+
+    return StreamSession(engine, engine.load_avatar(packet), background_for(engine, packet), Fraction(25))
+
+
+def _source(engine, audio):
+    from newsstudio.audio.source import AudioSource
+
+    return AudioSource(audio, engine.sample_rate, block_s=getattr(engine, "file_block_s", 0.5))
+
+
+def _feed(session, source, on_rows=None) -> int:
+    """Every block of ``source`` through the session's conditioner and driver; ``on_rows(rows)`` gets
+    each full chunk's driving rows as soon as the driver has them (None: they stay queued)."""
+    cond, drv = session.conditioner, session.driver
+    while True:
+        block = source.pull()
+        if block is not None and block.size:
+            cond.push(block)
+        if source.exhausted:
+            cond.close()
+            session.pump()
+            drv.close()
+            break
+        session.pump()
+        if on_rows is not None:
+            on_rows(drv, False)
+    if on_rows is not None:
+        on_rows(drv, True)
+    return drv.ready
+
+
+def run_stream(engine, packet, audio, chunk: int) -> tuple[int, float]:
+    from newsstudio.stream import stream_generator
+
+    dev = engine.device
+    sync(dev)
+    t0 = time.perf_counter()
+    n = sum(ch["num_frames"] for ch in stream_generator(engine, packet, audio, fps=25, chunk_frames=chunk, output="nv12",
+                                                         keep_on_device=True))
+    sync(dev)
+    return n, time.perf_counter() - t0
+
+
+def run_front_end(engine, packet, audio) -> tuple[int, float, torch.Tensor]:
+    session = _session(engine, packet)
+    source = _source(engine, audio)
+    sync(engine.device)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        n = _feed(session, source)
+        rows = session.driver.take(n)
+    sync(engine.device)
+    return n, time.perf_counter() - t0, rows
+
+
+def run_render(engine, packet, rows: torch.Tensor, chunk: int) -> tuple[int, float]:
+    session = _session(engine, packet)
+    sync(engine.device)
+    t0 = time.perf_counter()
+    for s in range(0, rows.shape[0], chunk):
+        session.render_frames(s, rows[s:s + chunk], "nv12")
+    sync(engine.device)
+    return rows.shape[0], time.perf_counter() - t0
+
+
+def run_front_end_ahead(engine, packet, audio, chunk: int) -> tuple[int, float]:
+    """The front end on its own thread (and CUDA stream) handing chunks to this thread's renders."""
+    from newsstudio.accel.own_stream import new_stream
+
+    dev = engine.device
+    session = _session(engine, packet)
+    source = _source(engine, audio)
+    side = new_stream(dev) if dev.type == "cuda" else None
+    handoff: queue.Queue = queue.Queue()
+
+    def hand(drv, last: bool) -> None:
+        while drv.ready >= chunk or (last and drv.ready):
+            rows = drv.take(min(chunk, drv.ready))
+            ev = None
+            if side is not None:
+                ev = torch.cuda.Event()
+                ev.record(side)
+            handoff.put((rows, ev))
+
+    def front() -> None:
+        try:
+            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext(), torch.inference_mode():
+                _feed(session, source, hand)
+        except BaseException as e:  # noqa: BLE001 - re-raised by the renderer
+            handoff.put(e)
+            return
+        handoff.put(None)
+
+    sync(dev)
+    t0 = time.perf_counter()
+    t = threading.Thread(target=front, name="front-end-ahead", daemon=True)
+    t.start()
+    n = 0
+    with torch.inference_mode():
+        while (item := handoff.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            rows, ev = item
+            if ev is not None:
+                torch.cuda.current_stream(dev).wait_event(ev)
+                rows.record_stream(torch.cuda.current_stream(dev))
+            session.render_frames(n, rows, "nv12")
+            n += rows.shape[0]
+    sync(dev)
+    t.join()
+    return n, time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from newsstudio.engines.registry import create_engine
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine", default="ditto", choices=["musetalk", "ditto"])
+    ap.add_argument("--accel", default=None, help="engine accel mode (default: the engine's)")
+    ap.add_argument("--size", default="1080x1920")
+    ap.add_argument("--seconds", type=float, default=6.6)
+    ap.add_argument("--chunk", type=int, default=32)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args(argv)
+    dev = torch.device(args.device)
+    size = tuple(int(v) for v in args.size.split("x"))
+    packet = avatar(media("yongen.mp4"), "yongen", size, Path(tempfile.mkdtemp(prefix="stages-")) / "avatars")
+    kw: dict[str, Any] = {"weights": "random"}
+    if args.accel:
+        kw["accel"] = args.accel
+    eng = create_engine(args.engine, device=dev, **kw)
+    audio = segment_audio(args.seconds)
+    eng.warm_up()
+
+    def timed(name: str, fn) -> dict[str, Any]:
+        fn()  # warm: caches, avatar upload, graphs of this shape
+        runs = [fn() for _ in range(args.repeat)]
+        frames, secs = runs[0][0], [r[1] for r in runs]
+        row = {"row": name, "frames": frames, "ms": median(secs) * 1e3, "ms_all": [s * 1e3 for s in secs],
+               "fps": frames / median(secs)}
+        print(f"{name:16s} {frames:4d} frames  {row['ms']:8.1f} ms  {row['fps']:7.1f} fps   runs {[round(s * 1e3, 1) for s in secs]}",
+              flush=True)
+        return row
+
+    rows_holder: dict[str, torch.Tensor] = {}
+
+    def front():
+        n, s, rows = run_front_end(eng, packet, audio)
+        rows_holder["rows"] = rows
+        return n, s
+
+    out = [timed("stream", lambda: run_stream(eng, packet, audio, args.chunk)), timed("front end", front)]
+    out.append(timed("render", lambda: run_render(eng, packet, rows_holder["rows"], args.chunk)))
+    out.append(timed("front end ahead", lambda: run_front_end_ahead(eng, packet, audio, args.chunk)))
+    by = {r["row"]: r for r in out}
+    print(f"front end + render {by['front end']['ms'] + by['render']['ms']:.1f} ms vs stream {by['stream']['ms']:.1f} ms; "
+          f"front end ahead {by['front end ahead']['ms']:.1f} ms")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": machine(), "args": vars(args), "rows": out}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
