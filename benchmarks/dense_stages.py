@@ -13,7 +13,11 @@ dense figure's setting). Rows, each the median of --repeat warm runs:
   row, no render);
 - ``render``: those rows rendered and spliced in chunks of --chunk, nothing else;
 - ``front end ahead``: the front end on a thread and CUDA stream of its own handing chunks of rows to
-  the caller, which renders them as they come (what the stream would take if the two overlapped).
+  the caller, which renders them as they come (what the stream would take if the two overlapped);
+- ``runner`` (Ditto): the warp + decoder graphs alone on the same chunks (``render`` less this is the
+  motion stitching, crop sampling and splice);
+- ``--profile``: one profiled run each of ``stream`` and ``render``: the GPU's busy share, top kernels
+  and CUDA runtime calls.
 
 If ``stream`` is about ``front end`` + ``render``, the two run one after the other and overlapping
 them is the lever; ``front end ahead`` measures what it buys on this GPU.
@@ -105,6 +109,51 @@ def run_render(engine, packet, rows: torch.Tensor, chunk: int) -> tuple[int, flo
     return rows.shape[0], time.perf_counter() - t0
 
 
+def runner_inputs(engine, packet, rows: torch.Tensor, chunk: int) -> list[tuple[torch.Tensor, ...]]:
+    """Ditto: each chunk's warp + decoder inputs (f_s, x_s, x_d), made once, for the ``runner`` row."""
+    from newsstudio.engines.base import pingpong_index
+
+    layer = engine.load_avatar(packet)
+    out = []
+    with torch.inference_mode():
+        for s in range(0, rows.shape[0], chunk):
+            n = min(chunk, rows.shape[0] - s)
+            idx = pingpong_index(torch.arange(s, s + n, device=engine.device), layer.n_frames)
+            x_s, x_d = engine.keypoints(layer, rows[s:s + n].to(engine.device), idx)
+            f_s = layer.data["f_s"].index_select(0, idx.to(layer.data["f_s"].device)).to(engine.device, engine.dtype)
+            out.append((f_s, x_s, x_d))
+    return out
+
+
+def run_runner(engine, inputs: list[tuple[torch.Tensor, ...]]) -> tuple[int, float]:
+    sync(engine.device)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for f_s, x_s, x_d in inputs:
+            engine._crop_runner(f_s, x_s, x_d)
+    sync(engine.device)
+    return sum(int(i[0].shape[0]) for i in inputs), time.perf_counter() - t0
+
+
+def gpu_profile(fn, top: int = 12) -> dict[str, Any]:
+    """One run of ``fn`` under the profiler: the GPU's busy share of the run, its top kernels and the
+    CUDA runtime calls (a long synchronize or copy is a thread waiting for the device)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from .gpu_timeline import summarize_trace
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        fn()
+        wall = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        s = summarize_trace(json.loads(path.read_text()), wall, top=top)
+    s.pop("threads", None)
+    return s
+
+
 def run_front_end_ahead(engine, packet, audio, chunk: int) -> tuple[int, float]:
     """The front end on its own thread (and CUDA stream) handing chunks to this thread's renders."""
     from newsstudio.accel.own_stream import new_stream
@@ -163,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=6.6)
     ap.add_argument("--chunk", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--profile", action="store_true", help="also one profiled run of the stream and render rows")
     ap.add_argument("--json", default=None)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args(argv)
@@ -196,11 +246,23 @@ def main(argv: list[str] | None = None) -> int:
     out = [timed("stream", lambda: run_stream(eng, packet, audio, args.chunk)), timed("front end", front)]
     out.append(timed("render", lambda: run_render(eng, packet, rows_holder["rows"], args.chunk)))
     out.append(timed("front end ahead", lambda: run_front_end_ahead(eng, packet, audio, args.chunk)))
+    if hasattr(eng, "_crop_runner"):  # Ditto: the warp + decoder graphs alone, same chunks
+        inputs = runner_inputs(eng, packet, rows_holder["rows"], args.chunk)
+        out.append(timed("runner", lambda: run_runner(eng, inputs)))
+    profiles: dict[str, Any] = {}
+    if args.profile and dev.type == "cuda":
+        from .gpu_timeline import print_summary
+
+        for name, fn in (("stream", lambda: run_stream(eng, packet, audio, args.chunk)),
+                         ("render", lambda: run_render(eng, packet, rows_holder["rows"], args.chunk))):
+            profiles[name] = gpu_profile(fn)
+            print(f"== profiled {name}:")
+            print_summary(profiles[name])
     by = {r["row"]: r for r in out}
     print(f"front end + render {by['front end']['ms'] + by['render']['ms']:.1f} ms vs stream {by['stream']['ms']:.1f} ms; "
           f"front end ahead {by['front end ahead']['ms']:.1f} ms")
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine(), "args": vars(args), "rows": out}, indent=1))
+        Path(args.json).write_text(json.dumps({"machine": machine(), "args": vars(args), "rows": out, "profiles": profiles}, indent=1))
     return 0
 
 
