@@ -1,6 +1,6 @@
 """Where a dense render's wall time goes: the front end (audio features + motion) and the render
-(networks + splice) timed apart, next to the whole stream and to one that runs the front end on its
-own thread and CUDA stream, ahead of the renders.
+(networks + splice) timed apart, next to the whole stream with the front end run ahead of the
+renders on its own thread and CUDA stream (`front_end_feed.py`, the CUDA default) and inline.
 
     python -m benchmarks.dense_stages --engine ditto [--size 1080x1920] [--seconds 6.6] [--chunk 32]
                                       [--repeat 3] [--json out.json]
@@ -8,29 +8,25 @@ own thread and CUDA stream, ahead of the renders.
 Seeded weights, the yongen avatar, the first --seconds of speech.wav, NV12 kept on the device (the
 dense figure's setting). Rows, each the median of --repeat warm runs:
 
-- ``stream``: `stream_generator` as `benchmarks.run` times dense fps;
+- ``stream``: `stream_generator` as `benchmarks.run` times dense fps (on CUDA the front end runs ahead);
+- ``stream inline``: the same with ``front_end_ahead=False`` (the front end between two renders);
 - ``front end``: the same audio through the session's conditioner and driver alone (every driving
   row, no render);
 - ``render``: those rows rendered and spliced in chunks of --chunk, nothing else;
-- ``front end ahead``: the front end on a thread and CUDA stream of its own handing chunks of rows to
-  the caller, which renders them as they come (what the stream would take if the two overlapped);
 - ``runner`` (Ditto): the warp + decoder graphs alone on the same chunks (``render`` less this is the
   motion stitching, crop sampling and splice);
 - ``--profile``: one profiled run each of ``stream`` and ``render``: the GPU's busy share, top kernels
   and CUDA runtime calls.
 
-If ``stream`` is about ``front end`` + ``render``, the two run one after the other and overlapping
-them is the lever; ``front end ahead`` measures what it buys on this GPU.
+``stream inline`` is about ``front end`` + ``render`` when the two run one after the other; ``stream``
+less that is what running the front end ahead buys on this GPU.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import queue
 import sys
 import tempfile
-import threading
 import time
 from fractions import Fraction
 from pathlib import Path
@@ -75,14 +71,14 @@ def _feed(session, source, on_rows=None) -> int:
     return drv.ready
 
 
-def run_stream(engine, packet, audio, chunk: int) -> tuple[int, float]:
+def run_stream(engine, packet, audio, chunk: int, front_end_ahead: bool | None = None) -> tuple[int, float]:
     from newsstudio.stream import stream_generator
 
     dev = engine.device
     sync(dev)
     t0 = time.perf_counter()
     n = sum(ch["num_frames"] for ch in stream_generator(engine, packet, audio, fps=25, chunk_frames=chunk, output="nv12",
-                                                         keep_on_device=True))
+                                                         keep_on_device=True, front_end_ahead=front_end_ahead))
     sync(dev)
     return n, time.perf_counter() - t0
 
@@ -154,54 +150,6 @@ def gpu_profile(fn, top: int = 12) -> dict[str, Any]:
     return s
 
 
-def run_front_end_ahead(engine, packet, audio, chunk: int) -> tuple[int, float]:
-    """The front end on its own thread (and CUDA stream) handing chunks to this thread's renders."""
-    from newsstudio.accel.own_stream import new_stream
-
-    dev = engine.device
-    session = _session(engine, packet)
-    source = _source(engine, audio)
-    side = new_stream(dev) if dev.type == "cuda" else None
-    handoff: queue.Queue = queue.Queue()
-
-    def hand(drv, last: bool) -> None:
-        while drv.ready >= chunk or (last and drv.ready):
-            rows = drv.take(min(chunk, drv.ready))
-            ev = None
-            if side is not None:
-                ev = torch.cuda.Event()
-                ev.record(side)
-            handoff.put((rows, ev))
-
-    def front() -> None:
-        try:
-            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext(), torch.inference_mode():
-                _feed(session, source, hand)
-        except BaseException as e:  # noqa: BLE001 - re-raised by the renderer
-            handoff.put(e)
-            return
-        handoff.put(None)
-
-    sync(dev)
-    t0 = time.perf_counter()
-    t = threading.Thread(target=front, name="front-end-ahead", daemon=True)
-    t.start()
-    n = 0
-    with torch.inference_mode():
-        while (item := handoff.get()) is not None:
-            if isinstance(item, BaseException):
-                raise item
-            rows, ev = item
-            if ev is not None:
-                torch.cuda.current_stream(dev).wait_event(ev)
-                rows.record_stream(torch.cuda.current_stream(dev))
-            session.render_frames(n, rows, "nv12")
-            n += rows.shape[0]
-    sync(dev)
-    t.join()
-    return n, time.perf_counter() - t0
-
-
 def main(argv: list[str] | None = None) -> int:
     from newsstudio.engines.registry import create_engine
 
@@ -243,9 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         rows_holder["rows"] = rows
         return n, s
 
-    out = [timed("stream", lambda: run_stream(eng, packet, audio, args.chunk)), timed("front end", front)]
+    out = [timed("stream", lambda: run_stream(eng, packet, audio, args.chunk)),
+           timed("stream inline", lambda: run_stream(eng, packet, audio, args.chunk, front_end_ahead=False)),
+           timed("front end", front)]
     out.append(timed("render", lambda: run_render(eng, packet, rows_holder["rows"], args.chunk)))
-    out.append(timed("front end ahead", lambda: run_front_end_ahead(eng, packet, audio, args.chunk)))
     if hasattr(eng, "_crop_runner"):  # Ditto: the warp + decoder graphs alone, same chunks
         inputs = runner_inputs(eng, packet, rows_holder["rows"], args.chunk)
         out.append(timed("runner", lambda: run_runner(eng, inputs)))
@@ -259,8 +208,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== profiled {name}:")
             print_summary(profiles[name])
     by = {r["row"]: r for r in out}
-    print(f"front end + render {by['front end']['ms'] + by['render']['ms']:.1f} ms vs stream {by['stream']['ms']:.1f} ms; "
-          f"front end ahead {by['front end ahead']['ms']:.1f} ms")
+    print(f"front end + render {by['front end']['ms'] + by['render']['ms']:.1f} ms; stream {by['stream']['ms']:.1f} ms "
+          f"(front end ahead, the CUDA default), {by['stream inline']['ms']:.1f} ms with it inline")
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": machine(), "args": vars(args), "rows": out, "profiles": profiles}, indent=1))
     return 0

@@ -422,6 +422,22 @@ def test_ditto_stream_contract(engine, packet):
             engine.conditioner(bad)
 
 
+def test_ditto_front_end_run_ahead_renders_the_same_frames(engine, packet):
+    """HuBERT and the LMDM on the feed's own thread (the CUDA default) drive the same frames as on
+    the runner's thread, live audio arriving in 20 ms pieces."""
+    sr = 16000
+    pcm = _speechlike(1.0, sr)[0]
+
+    def run(ahead: bool) -> torch.Tensor:
+        pieces = iter(pcm[i:i + 320] for i in range(0, pcm.size, 320))
+        return torch.cat([c["frames"] for c in stream_generator(engine, packet, pieces, fps=25, chunk_frames=8, sample_rate=sr,
+                                                                 front_end_ahead=ahead)])
+
+    inline, ahead = run(False), run(True)
+    assert inline.shape[0] == 25
+    assert torch.equal(inline, ahead)
+
+
 def test_ditto_streams_at_30_fps_with_its_25_fps_motion_resampled(engine, packet):
     """Another output rate: every frame of the audio's span at that rate, the audio cut on its
     frames, and the motion the 25 fps stream's, resampled (resample.py)."""

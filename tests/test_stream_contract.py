@@ -207,3 +207,52 @@ def test_a_failed_compose_capture_leaves_the_session_composing_eagerly(astronaut
         assert graphs.to_host(session._compose, torch.rand(n, hr, wr, 3) * 255, torch.zeros(n, dtype=torch.long), "nv12") is None
     assert len(tries) == 1 and graphs.failed is not None and "capturing" in graphs.failed
     assert any("ComposeGraphs" in why and "capturing" in why for why in static.fallbacks())
+
+
+def _chunks_equal(a: list[dict], b: list[dict]) -> None:
+    assert [c["num_frames"] for c in a] == [c["num_frames"] for c in b]
+    assert [c["is_last"] for c in a] == [c["is_last"] for c in b]
+    for x, y in zip(a, b):
+        assert torch.equal(x["frames"], y["frames"]) and np.array_equal(x["audio"], y["audio"])
+        assert x["frame_start"] == y["frame_start"] and np.array_equal(x["pts"], y["pts"])
+
+
+@pytest.mark.parametrize("live", [False, True], ids=["whole input", "live input"])
+def test_the_front_end_run_ahead_gives_the_same_chunks(astronaut_packet, live):
+    """`front_end_ahead` (on by default on CUDA) moves the audio features and motion to a thread of
+    their own: the chunks, frames and audio slices must not change for a whole input; for a live one
+    the frames and audio (its chunk sizes shrink once its end is known, whenever that is)."""
+    sr = 16000
+    pcm = _speechlike(3.3, sr)
+
+    def run(ahead: bool) -> list[dict]:
+        audio = (iter(pcm[0, i:i + 320] for i in range(0, pcm.shape[1], 320)) if live else (pcm, sr))
+        return list(stream_generator("classic", astronaut_packet, audio, fps=25, chunk_frames=16, ramp_frames=4,
+                                     sample_rate=sr if live else None, front_end_ahead=ahead))
+
+    inline, ahead = run(False), run(True)
+    assert sum(c["num_frames"] for c in ahead) == math.ceil(pcm.shape[1] * 25 / sr)
+    if live:
+        assert torch.equal(torch.cat([c["frames"] for c in inline]), torch.cat([c["frames"] for c in ahead]))
+        assert [c["frame_start"] for c in ahead] == list(np.cumsum([0] + [c["num_frames"] for c in ahead])[:-1])
+    else:
+        _chunks_equal(inline, ahead)
+    assert np.array_equal(np.concatenate([c["audio"] for c in ahead], axis=1), pcm)
+
+
+def test_the_front_end_run_ahead_reports_errors_and_stops(astronaut_packet):
+    """Errors in the feed's own thread reach the consumer; a consumer that stops early does not hang."""
+    with pytest.raises(ValueError, match="empty|zero samples"):
+        list(stream_generator("classic", astronaut_packet, (np.zeros(0, np.float32), 16000), front_end_ahead=True))
+
+    def failing():
+        yield np.zeros(3200, np.float32)
+        raise OSError("microphone unplugged")
+
+    with pytest.raises(OSError, match="microphone unplugged"):
+        list(stream_generator("classic", astronaut_packet, failing(), sample_rate=16000, chunk_frames=2, front_end_ahead=True))
+    gen = stream_generator("classic", astronaut_packet, Audio(_speechlike(2.0, 16000), 16000), chunk_frames=2, front_end_ahead=True)
+    next(gen)
+    t0 = time.perf_counter()
+    gen.close()
+    assert time.perf_counter() - t0 < 5.0

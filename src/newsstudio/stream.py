@@ -12,7 +12,9 @@ with exactly those frames (slices concatenate back to the input); `pts` the fram
 presentation times in seconds. Frame count for a finite input is ceil(duration * fps).
 
 Compute and copy-out overlap: a worker thread renders chunk k+1 while the caller consumes
-chunk k (torch releases the GIL in its kernels; on CUDA the copy to pinned memory is async).
+chunk k (torch releases the GIL in its kernels; on CUDA the copy to pinned memory is async);
+on CUDA the audio features and motion run ahead of the renders on a thread and stream of their
+own (`front_end_feed.py`).
 `stream_classic_generator`, `stream_musetalk_generator`, `stream_ditto_generator` are this
 function with the engine fixed, so all engines share exactly this code.
 """
@@ -39,6 +41,7 @@ from .compose.colour import nv12_to_rgb
 from .compose.session_graphs import ComposeGraphs
 from .compose.splice import roi_offsets, splice_nv12
 from .frame_rate import check_frame_rate
+from .front_end_feed import FrontEndFeed
 from .accel.host_copy import to_host_async
 from .engines.base import AvatarLayer, Engine, pingpong_index
 from .engines.batching import RenderBatcher
@@ -257,6 +260,7 @@ def stream_generator(
     sample_rate: int | None = None,
     prefetch: int = 2,
     ramp_frames: int = 0,
+    front_end_ahead: bool | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Stream lip-synced frames chunk by chunk (see the module docstring for the chunk dict).
 
@@ -266,6 +270,9 @@ def stream_generator(
 
     ramp_frames > 0: chunk sizes ramp (see :func:`chunk_size`) so a consumer that pipelines
     (an MP4 encoder) gets its first frames sooner and waits less after the last ones.
+
+    front_end_ahead: run the audio features and motion on a thread (and CUDA stream) of their own,
+    ahead of the renders (`front_end_feed.py`); None: on CUDA devices. Same frames either way.
     """
     fr = check_stream_options(fps, chunk_frames, output, ramp_frames)
     eng = resolve_engine(engine, device)
@@ -276,7 +283,7 @@ def stream_generator(
     # so file renders equal the official whole-file features); live input is taken as it comes.
     source = AudioSource(audio, eng.sample_rate, sample_rate=sample_rate, block_s=getattr(eng, "file_block_s", 0.5))
     session = StreamSession(eng, layer, background, fr)
-    return _run(session, source, fr, chunk_frames, output, keep_on_device, prefetch, ramp_frames)
+    return _run(session, source, fr, chunk_frames, output, keep_on_device, prefetch, ramp_frames, front_end_ahead)
 
 
 def chunk_size(chunk_idx: int, chunk_frames: int, ramp_frames: int = 0, remaining: int | None = None) -> int:
@@ -306,10 +313,11 @@ def background_for(engine: Engine, packet: Packet) -> BackgroundFrames:
 
 
 def _run(session: StreamSession, source: AudioSource, fps: Fraction, chunk_frames: int, output: Output, keep_on_device: bool, prefetch: int,
-         ramp_frames: int = 0) -> Iterator[dict[str, Any]]:
+         ramp_frames: int = 0, front_end_ahead: bool | None = None) -> Iterator[dict[str, Any]]:
     q: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
     stop = threading.Event()
-    worker = _RENDER_POOL.submit(_produce, session, source, fps, chunk_frames, output, keep_on_device, q, stop, ramp_frames)
+    worker = _RENDER_POOL.submit(_produce, session, source, fps, chunk_frames, output, keep_on_device, q, stop, ramp_frames,
+                                 front_end_ahead)
     try:
         while True:
             item = q.get()
@@ -341,39 +349,27 @@ def _put(q: queue.Queue, item: Any, stop: threading.Event) -> bool:
 
 
 def _produce(session: StreamSession, source: AudioSource, fps: Fraction, chunk_frames: int, output: Output, keep_on_device: bool, q: queue.Queue, stop: threading.Event,
-             ramp_frames: int = 0) -> None:
+             ramp_frames: int = 0, front_end_ahead: bool | None = None) -> None:
+    dev = session.layer.device
+    feed = FrontEndFeed(session, source, fps, ahead=dev.type == "cuda" if front_end_ahead is None else front_end_ahead, stop=stop)
     try:
         frame_start = 0
         chunk_idx = 0
-        total: int | None = None
-        cond = session.conditioner
-        drv = session.driver
         sr = source.sample_rate
-        dev = session.layer.device
         copy_stream = torch.cuda.Stream(device=dev) if dev.type == "cuda" else None
         # the frame count for planning chunk sizes: known up front for a whole input, at its end for a live one
         expected = None if source.total_samples is None else frames_for_samples(source.total_samples, sr, fps)
 
         def wanted() -> int:
-            known = total if total is not None else expected
+            known = feed.total if feed.total is not None else expected
             return chunk_size(chunk_idx, chunk_frames, ramp_frames, None if known is None else known - frame_start)
 
         while not stop.is_set():
-            want = wanted()
-            # Feed audio until a full chunk is ready or the input has ended.
-            while drv.ready < want and total is None:
-                block = source.pull()
-                if block is not None and block.size:
-                    cond.push(block)
-                if source.exhausted:
-                    cond.close()
-                    session.pump()
-                    drv.close()
-                    total = frames_for_samples(source.n_samples, sr, fps)
-                    if total == 0:
-                        raise ValueError("the audio is empty (0 samples)")
-                session.pump()
-            available = drv.ready
+            # Audio is fed until a full chunk is ready or the input has ended.
+            available = feed.wait(wanted())
+            if stop.is_set():
+                break
+            total = feed.total
             remaining = None if total is None else total - frame_start
             if remaining is not None and remaining <= 0:
                 break
@@ -382,10 +378,10 @@ def _produce(session: StreamSession, source: AudioSource, fps: Fraction, chunk_f
             if n <= 0:
                 break
             if n > available:  # engine produced fewer frames than the audio spans: hold the last
-                driving = drv.take(available) if available else None
+                driving = feed.take(available) if available else None
                 driving = _pad_driving(driving, n, session)
             else:
-                driving = drv.take(n)
+                driving = feed.take(n)
             frames = session.render_frames(frame_start, driving, output)
             is_last = total is not None and frame_start + n >= total
             a0 = frame_sample(frame_start, sr, fps)
@@ -423,6 +419,8 @@ def _produce(session: StreamSession, source: AudioSource, fps: Fraction, chunk_f
         _put(q, _DONE, stop)
     except BaseException as e:  # surfaced to the consumer
         _put(q, e, stop)
+    finally:
+        feed.close()
 
 
 def _pad_driving(driving: torch.Tensor | None, n: int, session: StreamSession) -> torch.Tensor:

@@ -22,15 +22,17 @@ ever queues work on it.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
 import logging
 import threading
+from collections.abc import Iterator
 
 import torch
 
-__all__ = ["capture_stream", "device_index", "new_stream"]
+__all__ = ["borrowed_stream", "capture_stream", "device_index", "new_stream"]
 
 log = logging.getLogger(__name__)
 
@@ -103,3 +105,29 @@ def capture_stream(device: torch.device | str) -> tuple[torch.cuda.Stream, threa
         if index not in _capture:
             _capture[index] = (new_stream(torch.device("cuda", index)), threading.Lock())
         return _capture[index]
+
+
+_free: dict[int, list[torch.cuda.Stream]] = {}
+
+
+@contextlib.contextmanager
+def borrowed_stream(device: torch.device | str) -> Iterator["torch.cuda.Stream | None"]:
+    """A stream of our own (`new_stream`) for the block, None on a device that is not CUDA: for work
+    that needs a stream only while it runs (a stream's front end run ahead of its renders). Streams are
+    never destroyed (module doc), so they go back to a free list: this process makes as many as were
+    ever borrowed at once."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        yield None
+        return
+    index = device_index(device)
+    with _lock:
+        free = _free.setdefault(index, [])
+        stream = free.pop() if free else None
+    if stream is None:
+        stream = new_stream(torch.device("cuda", index))
+    try:
+        yield stream
+    finally:
+        with _lock:
+            _free[index].append(stream)

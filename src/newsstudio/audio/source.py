@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Iterable, Iterator
 from fractions import Fraction
 
@@ -83,6 +84,7 @@ class AudioSource:
             self.sample_rate, self.channels = first.sample_rate, first.samples.shape[0]
             self._iter = _chain(first, self._iter)
         self._kept: list[np.ndarray] = []
+        self._kept_lock = threading.Lock()  # pull() may run on a front-end thread while the runner slices
         self._base = 0  # absolute index of the first kept original sample
         self.n_samples = 0
         self.exhausted = False
@@ -101,8 +103,9 @@ class AudioSource:
             return None
         if a.sample_rate != self.sample_rate or a.samples.shape[0] != self.channels:
             raise ValueError(f"audio chunk format changed mid-stream ({a.sample_rate} Hz x {a.samples.shape[0]} ch, expected {self.sample_rate} Hz x {self.channels} ch)")
-        self._kept.append(a.samples)
-        self.n_samples += a.samples.shape[1]
+        with self._kept_lock:
+            self._kept.append(a.samples)
+            self.n_samples += a.samples.shape[1]
         mono = a.samples.mean(axis=0).astype(np.float32, copy=False)
         if self._resampler is not None:
             mono = self._resampler.resample_chunk(mono, last=False).astype(np.float32, copy=False)
@@ -110,23 +113,25 @@ class AudioSource:
 
     def original(self, start: int, stop: int) -> np.ndarray:
         """Original samples [start, stop) as (channels, n) float32 (clipped to what arrived)."""
-        if start < self._base:
-            raise ValueError(f"samples before {self._base} were already released")
-        if len(self._kept) > 1:
-            self._kept = [np.concatenate(self._kept, axis=1)]
-        if not self._kept:
-            return np.zeros((self.channels, 0), np.float32)
-        return self._kept[0][:, start - self._base : stop - self._base]
+        with self._kept_lock:
+            if start < self._base:
+                raise ValueError(f"samples before {self._base} were already released")
+            if len(self._kept) > 1:
+                self._kept = [np.concatenate(self._kept, axis=1)]
+            if not self._kept:
+                return np.zeros((self.channels, 0), np.float32)
+            return self._kept[0][:, start - self._base : stop - self._base]
 
     def release_before(self, sample: int) -> None:
         """Forget original samples before `sample`, so hour-long live streams stay bounded."""
-        cut = sample - self._base
-        if cut <= 0 or not self._kept:
-            return
-        if len(self._kept) > 1:
-            self._kept = [np.concatenate(self._kept, axis=1)]
-        self._kept = [self._kept[0][:, cut:]]
-        self._base = sample
+        with self._kept_lock:
+            cut = sample - self._base
+            if cut <= 0 or not self._kept:
+                return
+            if len(self._kept) > 1:
+                self._kept = [np.concatenate(self._kept, axis=1)]
+            self._kept = [self._kept[0][:, cut:]]
+            self._base = sample
 
 
 def _blocks(a: Audio, block_s: float) -> Iterator[Audio]:
