@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from .common import avatar, machine, media, median, sync
+from .common import avatar, fallback_count, machine, media, median, sync
 from .run import segment_audio
 
 
@@ -173,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     eng = create_engine(args.engine, device=dev, **kw)
     audio = segment_audio(args.seconds)
     eng.warm_up()
+    warm: dict[str, Any] = {"fallbacks": fallback_count()}
+    if dev.type == "cuda":
+        warm["reserved_gb"] = round(torch.cuda.memory_reserved(dev) / 1e9, 2)
+    print(f"after warm-up: {warm}", flush=True)
 
     def timed(name: str, fn) -> dict[str, Any]:
         fn()  # warm: caches, avatar upload, graphs of this shape
@@ -211,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"front end + render {by['front end']['ms'] + by['render']['ms']:.1f} ms; stream {by['stream']['ms']:.1f} ms "
           f"(front end ahead, the CUDA default), {by['stream inline']['ms']:.1f} ms with it inline")
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine(), "args": vars(args), "rows": out, "profiles": profiles}, indent=1))
+        Path(args.json).write_text(json.dumps({"machine": machine(), "args": vars(args), "rows": out, "profiles": profiles, "warm_up": warm}, indent=1))
     return 0
 
 

@@ -18,7 +18,12 @@ buckets of one network (`BucketedRunner`):
   gets its own cuBLAS workspace;
 * its replays are ordered on the GPU across streams: a replay on another stream than the previous
   one first waits for that one's end (an event), so two callers on different streams never refill
-  the family's static inputs or use its workspace at the same time.
+  the family's static inputs or use its workspace at the same time;
+* its graphs share one memory pool (`memory_pool`): since they never replay at once, one graph's
+  intermediates may live where another's do, and the family holds about its largest graph's
+  memory instead of the sum (each graph's static outputs stay its own: they are alive, so no later
+  capture takes them). Ditto's six plain-CUDA-graph render buckets held 49.8 GB in separate pools
+  and the last capture failed on an 80 GB H100 (fortieth session).
 """
 from __future__ import annotations
 
@@ -71,6 +76,14 @@ class GraphFamily:
         self._stream_lock = threading.Lock()
         self._lock = threading.RLock()
         self._last: tuple[torch.cuda.Stream, torch.cuda.Event] | None = None  # the latest replay: (stream, its end)
+        self._pool: tuple[int, int] | None = None
+
+    def memory_pool(self) -> tuple[int, int]:
+        """The memory pool the family's graphs are captured into (made on first use)."""
+        with self._stream_lock:
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            return self._pool
 
     def capture_stream(self, device: torch.device) -> torch.cuda.Stream:
         """The stream this family's graphs are captured on (made on first use)."""

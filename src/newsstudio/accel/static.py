@@ -325,7 +325,8 @@ class StaticBatchRunner:
             side.synchronize()  # the warm-up done; not the device's other streams (see `_sync`)
             graph = torch.cuda.CUDAGraph()
             capture = self.family.capture_stream(dev)  # the family's own cuBLAS workspace
-            with torch.no_grad(), torch.cuda.stream(capture), capturing(graph):  # thread-local: other sessions keep launching
+            with torch.no_grad(), torch.cuda.stream(capture), capturing(graph, self.family.memory_pool()):  # thread-local:
+                # other sessions keep launching; the pool is the family's (graph_family.py)
                 out = target(*self.static_inputs)
         _sync(dev)
         self._graph, self._static_out = graph, out

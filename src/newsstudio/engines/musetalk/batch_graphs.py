@@ -71,7 +71,6 @@ class BatchGraphs:
         self.batches = 0  # batches rendered this way (counters for benchmarks and tests)
         self._plans: dict[tuple[int, int, int], _Plan] = {}  # (id(layer), id(runner), bucket)
         self._faces: dict[int, torch.Tensor] = {}  # id(layer) -> (largest bucket, 3, Hr, Wr) float32
-        self._pools: dict[int, object] = {}  # id(runner family) -> graph memory pool
         self._lock = threading.Lock()
 
     def render(self, runner: BucketedRunner, layer: AvatarLayer, keys: Sequence[str],
@@ -149,7 +148,7 @@ class BatchGraphs:
 
         static_out = r.graph_outputs
         if self.use_graphs and static_out is not None:
-            pool = self._pools.setdefault(id(r.family), torch.cuda.graph_pool_handle())
+            pool = r.family.memory_pool()  # the runner's own graphs' pool: all replay under one hold
             try:
                 gather_replay = capture(gather, dev, pool)
                 resize_replay = capture(lambda: resize(static_out), dev, pool)
