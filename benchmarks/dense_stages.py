@@ -50,27 +50,6 @@ def _source(engine, audio):
     return AudioSource(audio, engine.sample_rate, block_s=getattr(engine, "file_block_s", 0.5))
 
 
-def _feed(session, source, on_rows=None) -> int:
-    """Every block of ``source`` through the session's conditioner and driver; ``on_rows(rows)`` gets
-    each full chunk's driving rows as soon as the driver has them (None: they stay queued)."""
-    cond, drv = session.conditioner, session.driver
-    while True:
-        block = source.pull()
-        if block is not None and block.size:
-            cond.push(block)
-        if source.exhausted:
-            cond.close()
-            session.pump()
-            drv.close()
-            break
-        session.pump()
-        if on_rows is not None:
-            on_rows(drv, False)
-    if on_rows is not None:
-        on_rows(drv, True)
-    return drv.ready
-
-
 def run_stream(engine, packet, audio, chunk: int, front_end_ahead: bool | None = None) -> tuple[int, float]:
     from newsstudio.stream import stream_generator
 
@@ -84,13 +63,16 @@ def run_stream(engine, packet, audio, chunk: int, front_end_ahead: bool | None =
 
 
 def run_front_end(engine, packet, audio) -> tuple[int, float, torch.Tensor]:
+    """Every driving row of ``audio``, made on this thread (the stream's feed, inline)."""
+    from newsstudio.front_end_feed import FrontEndFeed
+
     session = _session(engine, packet)
-    source = _source(engine, audio)
+    feed = FrontEndFeed(session, _source(engine, audio), Fraction(25), ahead=False)
     sync(engine.device)
     t0 = time.perf_counter()
     with torch.inference_mode():
-        n = _feed(session, source)
-        rows = session.driver.take(n)
+        n = feed.wait(1 << 62)  # returns once the input has ended
+        rows = feed.take(n)
     sync(engine.device)
     return n, time.perf_counter() - t0, rows
 
