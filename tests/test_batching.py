@@ -690,3 +690,28 @@ def test_render_batcher_refuses_an_unknown_compose_mode():
     with pytest.raises(ValueError, match="compose must be one of"):
         b.set_compose("fused")
     assert b.compose == "session"  # unchanged by the refused mode
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("own_stream", [False, True])
+def test_a_caller_on_a_stream_of_its_own_gets_its_rows_made_from_its_finished_inputs(own_stream):
+    """A clip's front end run ahead (front_end_feed.py) calls the server's shared audio and motion
+    batchers from a CUDA stream of its own. On the shared stream the batch must wait for that
+    caller's inputs, and the caller's stream for the batch, or rows come from half-made inputs."""
+    dev = torch.device("cuda")
+    w = torch.randn(1024, 1024, device=dev) / 32
+    batcher = TensorBatcher(lambda x: x @ w, max_rows=64, device=dev, own_stream=own_stream)
+    side = torch.cuda.Stream(dev)
+    outs, wants = [], []
+    with torch.no_grad(), torch.cuda.stream(side):
+        for k in range(4):
+            x = torch.randn(16, 1024, device=dev)
+            for _ in range(60):  # slow to make on the caller's stream: a batch that does not wait reads it early
+                x = torch.tanh(x @ w) * 4
+            y = batcher(x) + 0  # used on the caller's stream at once
+            outs.append(y)
+            wants.append(x @ w)
+    torch.cuda.synchronize()
+    for y, want in zip(outs, wants):
+        torch.testing.assert_close(y, want)
+    batcher.close()

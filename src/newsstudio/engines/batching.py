@@ -186,10 +186,11 @@ class Batcher(Generic[T, R]):
         if self._closed:
             raise RuntimeError(f"{type(self).__name__} is closed")
         req = _Request(item, int(self.size_of(item)), finish)
-        if self.own_stream:
-            req.stream = torch.cuda.current_stream(self.device)
+        caller = _foreign_stream(self.device) if not self.own_stream else torch.cuda.current_stream(self.device)
+        if caller is not None:  # an own-stream batch, or a caller off the shared stream: its inputs' event
+            req.stream = caller
             req.ready = torch.cuda.Event()
-            req.ready.record(req.stream)
+            req.ready.record(caller)
         self._q.put(req)
         if self._autostart:
             self.start()
@@ -209,15 +210,27 @@ class Batcher(Generic[T, R]):
         """The result of a submitted request; with ``stall_s`` set, a `BatchStalledError` once the
         worker's current batch has run longer than that, instead of waiting for good."""
         if self.stall_s is None:
-            return future.result()
+            return self._handed_over(future, future.result())
         while True:
             try:
-                return future.result(timeout=min(1.0, self.stall_s))
+                return self._handed_over(future, future.result(timeout=min(1.0, self.stall_s)))
             except FutureTimeout:
                 if self.stalled():
                     raise BatchStalledError(
                         f"{self.name}: its batch on {self.device or 'the device'} has run for {self.busy_for_s:.1f} s "
                         f"(limit {self.stall_s:g} s); the device is not finishing its work") from None
+
+    def _handed_over(self, future: Future, out: R) -> R:
+        """``out`` made usable on a caller off the shared stream (a stream's front end run ahead on
+        its own: front_end_feed.py): its stream waits for the request's batch, and the output's
+        memory is not reused before that stream is done with it. Callers on the shared stream, and
+        own-stream batches (handed over finished), need nothing."""
+        done = getattr(future, "batch_done", None)
+        caller = _foreign_stream(self.device) if done is not None else None
+        if caller is not None:
+            caller.wait_event(done)
+            _tree_map(lambda t: t.record_stream(caller) if t.is_cuda else None, out)
+        return out
 
     def start(self) -> None:
         with self._start_lock:
@@ -331,6 +344,10 @@ class Batcher(Generic[T, R]):
         try:
             with torch.inference_mode():
                 items = [r.item for r in batch]
+                if not own:  # on the shared stream: after the inputs of callers off it (their events)
+                    for r in batch:
+                        if r.ready is not None:
+                            torch.cuda.current_stream(self.device).wait_event(r.ready)
                 outs = self._run_on_own_stream(items, batch) if own else self._joined(batch, self.run_many(items))
         except BaseException as exc:  # noqa: BLE001 - retried one by one below
             if len(batch) == 1:
@@ -392,6 +409,15 @@ class Batcher(Generic[T, R]):
         for r, out in zip(batch, outs):  # freed by its caller: not reused before that caller's queued work is done
             _tree_map(lambda t, s=r.stream: t.record_stream(s) if t.is_cuda else None, out)
         return outs
+
+
+def _foreign_stream(device: torch.device | None) -> "torch.cuda.Stream | None":
+    """The calling thread's CUDA stream where it is not the shared (default) stream a worker runs its
+    shared-stream batches on; None on the shared stream or off CUDA."""
+    if device is None or device.type != "cuda":
+        return None
+    here = torch.cuda.current_stream(device)
+    return None if here == torch.cuda.default_stream(device) else here
 
 
 COMPOSE_MODES = ("session", "worker", "stream")
