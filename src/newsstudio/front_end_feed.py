@@ -56,9 +56,9 @@ class FrontEndFeed:
         self._future: Future | None = _FRONT_END_POOL.submit(self._run_ahead) if ahead else None
 
     # -- the front end itself ---------------------------------------------------------------------
-    def _feed_block(self) -> None:
+    def _feed_block(self) -> int | None:
         """One audio block through the conditioner and driver; at the input's end, close both and
-        set ``total``."""
+        return the input's frame count (None before)."""
         session, source = self._session, self._source
         block = source.pull()
         if block is not None and block.size:
@@ -70,9 +70,9 @@ class FrontEndFeed:
             total = frames_for_samples(source.n_samples, source.sample_rate, self._fps)
             if total == 0:
                 raise ValueError("the audio is empty (0 samples)")
-            self.total = total
-        else:
-            session.pump()
+            return total
+        session.pump()
+        return None
 
     def _run_ahead(self) -> None:
         dev = self._session.layer.device
@@ -81,19 +81,20 @@ class FrontEndFeed:
             with borrowed_stream(dev) as side, torch.cuda.stream(side) if side is not None else contextlib.nullcontext(), \
                     torch.inference_mode():
                 while not self._stopped():
-                    self._feed_block()
+                    total = self._feed_block()
                     n = drv.ready
                     rows = drv.take(n) if n else None
                     event = None
                     if rows is not None and side is not None:
                         event = torch.cuda.Event()
                         event.record(side)
-                    with self._cond:
+                    with self._cond:  # the end is published with the last rows, never before them
                         if rows is not None:
                             self._pending.append((rows, event))
                             self._ready += n
+                        self.total = total
                         self._cond.notify_all()
-                    if self.total is not None:
+                    if total is not None:
                         return
         except BaseException as e:  # noqa: BLE001 - raised in the runner's thread by wait()
             with self._cond:
@@ -113,7 +114,7 @@ class FrontEndFeed:
         if not self._ahead:
             drv = self._session.driver
             while drv.ready < want and self.total is None:
-                self._feed_block()
+                self.total = self._feed_block()
             return drv.ready
         with self._cond:
             while self._ready < want and self.total is None and self._error is None and not self._finished:
