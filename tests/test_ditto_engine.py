@@ -438,6 +438,24 @@ def test_ditto_front_end_run_ahead_renders_the_same_frames(engine, packet):
     assert torch.equal(inline, ahead)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_ditto_front_end_run_ahead_on_its_own_cuda_stream_renders_the_same_frames(packet):
+    """The CUDA default: HuBERT and the LMDM on the feed's thread and stream, rows handed over with
+    events. The frames must equal those of the inline front end (same graphs, same seeds)."""
+    eng = DittoEngine("cuda", weights="random", **OPTS)
+    sr = 16000
+    pcm = _speechlike(4.0, sr)  # two of the engine's 3.2 s audio blocks: a window made while chunks render
+
+    def run(ahead: bool) -> torch.Tensor:
+        return torch.cat([c["frames"] for c in stream_generator(eng, packet, (pcm, sr), fps=25, chunk_frames=8,
+                                                                 front_end_ahead=ahead)])
+
+    inline = run(False)
+    assert inline.shape[0] == 100
+    for _ in range(3):
+        assert torch.equal(run(True), inline)
+
+
 def test_ditto_streams_at_30_fps_with_its_25_fps_motion_resampled(engine, packet):
     """Another output rate: every frame of the audio's span at that rate, the audio cut on its
     frames, and the motion the 25 fps stream's, resampled (resample.py)."""
