@@ -228,8 +228,7 @@ class Batcher(Generic[T, R]):
         done = getattr(future, "batch_done", None)
         caller = _foreign_stream(self.device) if done is not None else None
         if caller is not None:
-            caller.wait_event(done)
-            _tree_map(lambda t: t.record_stream(caller) if t.is_cuda else None, out)
+            _hand_to(caller, out, done)
         return out
 
     def start(self) -> None:
@@ -407,8 +406,17 @@ class Batcher(Generic[T, R]):
         done.record(own)
         done.synchronize()
         for r, out in zip(batch, outs):  # freed by its caller: not reused before that caller's queued work is done
-            _tree_map(lambda t, s=r.stream: t.record_stream(s) if t.is_cuda else None, out)
+            _hand_to(r.stream, out, None)
         return outs
+
+
+def _hand_to(stream: torch.cuda.Stream, out: Any, done: "torch.cuda.Event | None") -> None:
+    """A batch's output ``out`` given to ``stream``: the stream waits for the batch (its ``done`` event,
+    None where it is finished already), and the output's memory is not reused before the stream is
+    done with it."""
+    if done is not None:
+        stream.wait_event(done)
+    _tree_map(lambda t: t.record_stream(stream) if t.is_cuda else None, out)
 
 
 def _foreign_stream(device: torch.device | None) -> "torch.cuda.Stream | None":
@@ -478,10 +486,7 @@ class RenderBatcher(Batcher[tuple[AvatarLayer, torch.Tensor, torch.Tensor], torc
         with it."""
         future = self.submit(layer, driving, frame_idx)
         out = self.wait(future)
-        done = getattr(future, "batch_done", None)
-        if done is not None:  # None: an own-stream batch, handed over finished
-            stream.wait_event(done)
-        out.record_stream(stream)
+        _hand_to(stream, out, getattr(future, "batch_done", None))  # None: an own-stream batch, handed over finished
         return out
 
     def submit(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor,  # type: ignore[override]
