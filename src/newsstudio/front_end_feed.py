@@ -50,8 +50,7 @@ class FrontEndFeed:
         self._finished = False  # the ahead thread has returned
         self._ahead = ahead
         self._cond = threading.Condition()
-        self._pending: deque[tuple[torch.Tensor, torch.cuda.Event | None]] = deque()
-        self._ready = 0
+        self._pending: deque[tuple[torch.Tensor, torch.cuda.Event | None]] = deque()  # rows made, not yet taken
         self._error: BaseException | None = None
         self._future: Future | None = _FRONT_END_POOL.submit(self._run_ahead) if ahead else None
 
@@ -91,7 +90,6 @@ class FrontEndFeed:
                     with self._cond:  # the end is published with the last rows, never before them
                         if rows is not None:
                             self._pending.append((rows, event))
-                            self._ready += n
                         self.total = total
                         self._cond.notify_all()
                     if total is not None:
@@ -117,11 +115,15 @@ class FrontEndFeed:
                 self.total = self._feed_block()
             return drv.ready
         with self._cond:
-            while self._ready < want and self.total is None and self._error is None and not self._finished:
+            while self._ready() < want and self.total is None and self._error is None and not self._finished:
                 self._cond.wait()
             if self._error is not None:
                 raise self._error
-            return self._ready
+            return self._ready()
+
+    def _ready(self) -> int:
+        """Rows made and not yet taken (under the lock)."""
+        return sum(int(rows.shape[0]) for rows, _ in self._pending)
 
     def take(self, n: int) -> torch.Tensor:
         """The next ``n`` ready rows, usable on the caller's current CUDA stream."""
@@ -129,9 +131,8 @@ class FrontEndFeed:
             return self._session.driver.take(n)
         parts: list[torch.Tensor] = []
         with self._cond:
-            if n > self._ready:
-                raise ValueError(f"take({n}) with only {self._ready} rows ready")
-            self._ready -= n
+            if n > self._ready():
+                raise ValueError(f"take({n}) with only {self._ready()} rows ready")
             while n:
                 rows, event = self._pending.popleft()
                 if rows.shape[0] > n:
