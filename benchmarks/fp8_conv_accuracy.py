@@ -48,7 +48,7 @@ def _fake_fp16(t: torch.Tensor, dims: tuple[int, ...] | None) -> torch.Tensor:
     return t.half().float()
 
 
-def with_fake_fp8(net: nn.Module, select: Callable[[str], bool], input_scale: str,
+def with_fake_rounding(net: nn.Module, select: Callable[[str], bool], input_scale: str,
                   rounding: Callable[[torch.Tensor, tuple[int, ...] | None], torch.Tensor] = _fake_e4m3) -> tuple[nn.Module, int]:
     """A copy of ``net`` whose selected convs compute on e4m3-rounded inputs and weights (or another
     ``rounding``: `_fake_fp16`, half precision's conv inputs, for scale)."""
@@ -108,7 +108,7 @@ def main() -> None:
     with torch.inference_mode():
         ref = run(net)
         for label, select, scale, rounding in cases:
-            fake, n = with_fake_fp8(net, select, scale, rounding)
+            fake, n = with_fake_rounding(net, select, scale, rounding)
             y = run(fake)
             mse = float(((y - ref) ** 2).mean())
             rows.append({"case": label, "convs": n, "rel_err": float((y - ref).norm() / ref.norm()),
