@@ -1,14 +1,15 @@
 """One benchmark command: every engine and its reference-style pipeline, in one process on one device.
 
     python -m benchmarks.run [--engines classic,musetalk,ditto] [--size 1080x1920] [--variants compile+cudagraph]
-                             [--mp4 ultrafast:8] [--json out.json] [--quick]
+                             [--mp4 ultrafast:8] [--stride 4] [--json out.json] [--quick]
 
 Sections (each prints a table row group and lands in the JSON):
 - cold start: official MuseTalk avatar layout vs our packet (benchmarks/cold_start.py);
 - per engine: dense fps to 1080x1920 NV12 (audio features + render + splice, warm), time to first
   frame (audio available), a 6.6 s segment -> MP4 with audio on disk (warm);
 - MuseTalk / Ditto reference-style pipelines come from benchmarks/musetalk_bench.py and
-  benchmarks/ditto_bench.py when those engines are selected;
+  benchmarks/ditto_bench.py when those engines are selected; ``--stride K`` adds Ditto's stride mode
+  (its fps next to dense, and its PSNR vs dense on the same seeded weights);
 - concurrency (``--load musetalk=8,12,16;ditto=4,6,8``): for each engine, benchmarks/load_test.py
   in a child process (a server on loopback, live WebSocket sessions streaming speech in real time,
   each level ``--load-duration`` seconds): how many sessions were all on time, and the server's
@@ -161,6 +162,9 @@ def main() -> dict[str, Any]:
     ap.add_argument("--load-args", action="append", default=None, metavar="ENGINE=FLAGS",
                     help="more load_test flags for one engine's levels (repeatable), e.g. "
                     "'musetalk=--render-aheads 16 --render-leads 0.5 --chunk-frames 4'")
+    ap.add_argument("--stride", type=int, default=1,
+                    help="Ditto: also time stride mode (warp + decode every K-th frame) with its PSNR vs dense")
+    ap.add_argument("--stride-mode", default="mask", help="Ditto stride mode's interpolation (mask, heatmap, blend, nearest)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="tiny sizes (CPU smoke test)")
     ap.add_argument("--workdir", default=None)
@@ -188,8 +192,10 @@ def main() -> dict[str, Any]:
         else:
             mod = importlib.import_module(f"benchmarks.{name}_bench")
             variants = variant_list(args.variants)
+            extra = ({"stride": args.stride, "stride_mode": args.stride_mode, "stride_psnr_modes": [args.stride_mode]}
+                     if name == "ditto" and args.stride > 1 else {})
             section = mod.run_section(packet=packet, device=dev, seconds=args.seconds, chunk=args.chunk, repeat=args.repeat,
-                                      workdir=work, quick=args.quick, variants=variants, mp4=args.mp4)
+                                      workdir=work, quick=args.quick, variants=variants, mp4=args.mp4, **extra)
         out["engines"][name] = section
         if name == "classic":
             print(f"[classic] {section}", flush=True)
