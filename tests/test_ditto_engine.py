@@ -511,7 +511,8 @@ def test_half_precision_render_path(packet):
     assert out.dtype == torch.float32 and out.shape == (1, *layer.roi_hw, 3) and torch.isfinite(out).all()
 
 
-def test_cli_render_ditto_random(packet, tmp_path, monkeypatch):
+@pytest.mark.parametrize("stride", [[], ["--stride", "3", "--stride-mode", "blend"]], ids=["dense", "stride3"])
+def test_cli_render_ditto_random(packet, tmp_path, monkeypatch, stride):
     from newsstudio.cli import app
     from newsstudio.media.video import probe_video
 
@@ -520,10 +521,27 @@ def test_cli_render_ditto_random(packet, tmp_path, monkeypatch):
     write_wav(wav, Audio(_speechlike(0.15, 16000), 16000))
     out = tmp_path / "ditto.mp4"
     r = CliRunner().invoke(app, ["render", "--avatar", str(packet.path), "--audio", str(wav), "-o", str(out),
-                                 "--engine", "ditto", "--weights", "random", "--device", "cpu", "--chunk", "4"])
+                                 "--engine", "ditto", "--weights", "random", "--device", "cpu", "--chunk", "4", *stride])
     assert r.exit_code == 0, r.output
+    assert ("engine ditto (stride 3, blend) on cpu" in r.output) == bool(stride), r.output
     info = probe_video(out)
     assert info.frame_count == math.ceil(0.15 * 25) and (info.width, info.height) == packet.size and info.has_audio
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--engine", "musetalk", "--stride", "2"], "--stride is Ditto's stride mode; the musetalk engine renders every frame"),
+    (["--engine", "ditto", "--stride", "0"], "stride must be an integer >= 1"),
+    (["--engine", "ditto", "--stride", "2", "--stride-mode", "lerp"], "stride-mode must be one of mask, heatmap, blend, nearest"),
+])
+def test_cli_refuses_a_stride_the_engine_cannot_use_before_any_work(packet, tmp_path, args, message):
+    from conftest import assert_user_error
+    from newsstudio.cli import app
+
+    out = tmp_path / "x.mp4"
+    r = CliRunner().invoke(app, ["render", "--avatar", str(tmp_path / "not-there.mp4"), "--audio", "builtin:hello",
+                                 "-o", str(out), "--weights", "random", "--device", "cpu", *args])
+    assert_user_error(r, message)  # before the (missing) avatar is even looked at
+    assert not out.exists()
 
 
 # ---------------------------------------------------------------------------------- config / weights

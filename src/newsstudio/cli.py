@@ -188,6 +188,12 @@ StaticShapesOpt = typer.Option("default", help="MuseTalk with a compile --accel:
                                 "their own static size. default: largest on CUDA (batch 32: 639.7 instead of 590.8 "
                                 "frames/s on an H100, ~50 s more compilation on a cold cache), none elsewhere; none: one "
                                 "dynamic-batch compilation (quickest start); largest; all (six compilations).")
+StrideOpt = typer.Option(1, help="Ditto stride mode: warp + decode every K-th frame only, the frames between "
+                         "interpolated along the motion (stride-mode); 1 renders every frame. Faster by up to ~K on the "
+                         "networks' share; costs image quality (benchmarks/RESULTS.md).")
+StrideModeOpt = typer.Option("mask", help="How Ditto's stride mode makes the frames between keyframes: mask (warped by "
+                             "the warp network's own motion mask), heatmap (keypoint heatmaps), blend (cross-fade) or "
+                             "nearest (repeat the nearer keyframe).")
 AccelOpt = typer.Option("auto", help="How neural networks run on CUDA: auto (render: cudagraph; serve: compile+cudagraph), "
                         "eager, cudagraph, compile, compile+cudagraph (about 2x faster; compiles ~1.5 min once, cached on disk).")
 
@@ -219,14 +225,28 @@ def _load_speech(audio: str, allow_silence: bool) -> Audio:
     return sound
 
 
+def _check_stride(engine: str, models: Optional[Path], stride: int, stride_mode: str) -> None:
+    """Refuse a stride the chosen engine cannot use before any work: a user asking for speed must
+    not silently get every frame rendered."""
+    from .engines.ditto.stride import check_stride
+    from .engines.registry import default_engine
+
+    check_stride(stride, stride_mode)
+    name = default_engine(models) if engine == "auto" else engine
+    if stride != 1 and name != "ditto":
+        chosen = " (--engine auto chose it: no Ditto weights found)" if engine == "auto" else ""
+        raise ValueError(f"--stride is Ditto's stride mode; the {name} engine{chosen} renders every frame")
+
+
 def _engine(engine: str, device: torch.device, weights: str, models: Optional[Path], accel: str = "auto",
-            triton_convs: str = "off", first_face_row: str = "default", static_shapes: str = "default"):
+            triton_convs: str = "off", first_face_row: str = "default", static_shapes: str = "default",
+            stride: int = 1, stride_mode: str = "mask"):
     """The engine the options name (raises ValueError / FileNotFoundError: run it in _user_errors)."""
     from .engines.registry import create_engine, default_engine, engine_options
 
     name = default_engine(models) if engine == "auto" else engine
     kw = engine_options(name, weights, models, accel, device, triton_convs=triton_convs, first_face_row=first_face_row,
-                        static_shapes=static_shapes)
+                        static_shapes=static_shapes, stride=stride, stride_mode=stride_mode)
     eng = create_engine(name, device=device, **kw)
     if eng.random_weights:
         typer.secho("WARNING: rendering with SEEDED RANDOM WEIGHTS (benchmark mode); the video is marked and is not a real model's output.", fg=typer.colors.YELLOW, err=True)
@@ -255,6 +275,8 @@ def render(
     triton_convs: str = TritonConvsOpt,
     first_face_row: str = FirstFaceRowOpt,
     static_shapes: str = StaticShapesOpt,
+    stride: int = StrideOpt,
+    stride_mode: str = StrideModeOpt,
     allow_silence: bool = AllowSilenceOpt,
 ) -> None:
     """Render a lip-synced MP4 (H.264 + AAC) of the avatar speaking the audio."""
@@ -274,11 +296,12 @@ def render(
     t0 = time.perf_counter()
     with _user_errors():
         rate = check_stream_options(fps, chunk, "nv12")
+        _check_stride(engine, models, stride, stride_mode)
         dev = check_device(device)
         sound = _load_speech(audio, allow_silence)
         packet = resolve_avatar(avatar, avatars, size=_size(size))
         t_avatar = time.perf_counter()
-        eng = _engine(engine, dev, weights, models, accel, triton_convs, first_face_row, static_shapes)
+        eng = _engine(engine, dev, weights, models, accel, triton_convs, first_face_row, static_shapes, stride, stride_mode)
         t_engine = time.perf_counter()
         w, h = packet.size
         total = frames_for_samples(sound.num_samples, sound.sample_rate, rate)  # what the stream will make
@@ -298,7 +321,8 @@ def render(
             t_render = time.perf_counter() - t_start
     t_all = time.perf_counter() - t0
     typer.echo(
-        f"wrote {output}: {n} frames {w}x{h} @ {fps:g} fps, {sound.duration_s:.2f} s audio | engine {eng.name} on {eng.device} | "
+        f"wrote {output}: {n} frames {w}x{h} @ {fps:g} fps, {sound.duration_s:.2f} s audio | engine {eng.name}"
+        f"{f' (stride {eng.stride}, {eng.stride_mode})' if getattr(eng, 'stride', 1) > 1 else ''} on {eng.device} | "
         f"avatar {t_avatar - t0:.2f} s, engine load {t_engine - t_avatar:.2f} s, first frame {first * 1000 if first else 0:.0f} ms, "
         f"render+encode {t_render:.2f} s ({n / max(t_render, 1e-9):.1f} fps), total {t_all:.2f} s"
     )
@@ -321,6 +345,8 @@ def stream(
     triton_convs: str = TritonConvsOpt,
     first_face_row: str = FirstFaceRowOpt,
     static_shapes: str = StaticShapesOpt,
+    stride: int = StrideOpt,
+    stride_mode: str = StrideModeOpt,
     allow_silence: bool = AllowSilenceOpt,
 ) -> None:
     """Run the streaming generator and print per-chunk timing (time to first frame, fps)."""
@@ -330,10 +356,11 @@ def stream(
 
     with _user_errors():
         check_stream_options(fps, chunk, output)
+        _check_stride(engine, models, stride, stride_mode)
         dev = check_device(device)
         sound = _load_speech(audio, allow_silence)
         packet = resolve_avatar(avatar, avatars)
-        eng = _engine(engine, dev, weights, models, accel, triton_convs, first_face_row, static_shapes)
+        eng = _engine(engine, dev, weights, models, accel, triton_convs, first_face_row, static_shapes, stride, stride_mode)
         src = _paced(sound) if live else sound
         t0 = time.perf_counter()
         n = 0

@@ -55,7 +55,7 @@ def engine_options(name: str, weights: str, models: str | os.PathLike[str] | Non
                    device: str | torch.device | None = None, long_running: bool = False,
                    front_end_tf32: bool | None = None, triton_convs: str = "off",
                    first_face_row: int | str | None = None, feature_step_ms: int | None = None,
-                   static_shapes: str | None = None) -> dict[str, Any]:
+                   static_shapes: str | None = None, stride: int = 1, stride_mode: str = "mask") -> dict[str, Any]:
     """Keyword arguments for `create_engine(name, ...)` from the CLI/server settings.
 
     accel ``"auto"``: the engine's own default (CUDA graphs on CUDA, eager on CPU), except for a
@@ -68,7 +68,10 @@ def engine_options(name: str, weights: str, models: str | os.PathLike[str] | Non
     decoder makes (engines/musetalk/face_rows.py: "default"/None, "auto", 0 = the whole face, or a row).
     ``feature_step_ms``: how often a live MuseTalk stream re-encodes its speech (None: every 100 ms).
     ``static_shapes``: which of MuseTalk's render buckets compile at their own batch size
-    (accel/static.py `static_buckets`: "default"/None, "none", "largest", "all")."""
+    (accel/static.py `static_buckets`: "default"/None, "none", "largest", "all"). ``stride``,
+    ``stride_mode``: Ditto's stride mode (engines/ditto/stride.py: warp + decode every ``stride``-th
+    frame, the frames between interpolated; 1: dense)."""
+    from .ditto.stride import check_stride
     from .musetalk.face_rows import parse_first_face_row
     from .musetalk.frame_queues import feature_step_rows
 
@@ -78,6 +81,7 @@ def engine_options(name: str, weights: str, models: str | os.PathLike[str] | Non
     if feature_step_ms is not None:
         feature_step_rows(feature_step_ms)
     static_shapes = check_static_shapes(static_shapes)  # checked for every engine, as above
+    stride = check_stride(stride, stride_mode)
     if name == "classic":
         return {}
     kw: dict[str, Any] = {"weights": weights, "models": models}
@@ -95,6 +99,8 @@ def engine_options(name: str, weights: str, models: str | os.PathLike[str] | Non
         kw["feature_step_ms"] = int(feature_step_ms)
     if static_shapes != "default" and name == "musetalk":
         kw["static_shapes"] = static_shapes
+    if stride > 1 and name == "ditto":
+        kw["stride"], kw["stride_mode"] = stride, stride_mode
     return kw
 
 

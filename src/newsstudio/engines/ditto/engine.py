@@ -76,7 +76,7 @@ from .motion_stitch import (
 )
 from .registration import INFO_KEYS, expected_meta, prebake_ditto, prebake_mismatch
 from .resample import MotionResampler, check_fps
-from .stride import StrideRenderer
+from .stride import StrideRenderer, check_stride
 from .wav2feat import SAMPLES_PER_FRAME, split_len, wav2feat_offline
 from .weights import DittoModels, build_random, load_official
 
@@ -245,9 +245,8 @@ class DittoEngine(Engine):
                                if isinstance(hub, torch.nn.Module) else None)
         self.audio_batcher: TensorBatcher | None = None  # the server's streams share HuBERT calls
         # stride mode (stride.py): its driver rows carry the keyframes' rows; its renderer caches per stream
-        if int(stride) != stride or stride < 1:
-            raise ValueError(f"stride must be an integer >= 1, got {stride!r}")
-        self.stride = int(stride)
+        self.stride = check_stride(stride, stride_mode)
+        self.stride_mode = stride_mode
         self._strider = StrideRenderer(self, self.stride, stride_mode, DRIVING_DIM) if self.stride > 1 else None
         self._silence: dict[int, torch.Tensor] = {}
         self._layers: dict[str, AvatarLayer] = {}
@@ -507,14 +506,16 @@ class DittoEngine(Engine):
         return f_s.index_select(0, pick).to(self.dtype), x_s, x_s + moves * (0.05 * x_s.std())
 
     def warm_up(self) -> float:
-        """Compile (with a compile mode) and capture warp + decoder, HuBERT and the LMDM sampler for
-        every batch bucket."""
+        """Compile (with a compile mode) and capture warp + decoder (and stride mode's keyframe
+        runner), HuBERT and the LMDM sampler for every batch bucket."""
         f_s = torch.zeros((1, *self.models.feature_volume(self.config.input_size)), device=self.device, dtype=self.dtype)
         kp = torch.zeros((1, NUM_KP, 3), device=self.device)
         lmdm = self.models.lmdm
         p = next(lmdm.parameters())
         with torch.inference_mode():
             seconds = self._crop_runner.warm_up((f_s, kp, kp))
+            if self._strider is not None:  # stride mode's keyframes run on a runner of their own
+                seconds += self._strider.warm_up((f_s, kp, kp))
             if self._hubert_runner is not None:
                 seconds += self._hubert_runner.warm_up((torch.zeros((1, split_len(self.config.chunksize)), device=self.device),))
             kp_cond = torch.zeros((1, lmdm.motion_feat_dim), device=p.device, dtype=p.dtype)

@@ -307,6 +307,15 @@ class StrideDriver(QueuedStage):
 MODES = ("mask", "heatmap", "blend", "nearest")
 
 
+def check_stride(stride: Any, mode: str = "mask") -> int:
+    """``stride`` as an int >= 1 (1: dense) with ``mode`` one of `MODES`, else a ValueError in a user's words."""
+    if isinstance(stride, bool) or not isinstance(stride, (int, np.integer, float)) or int(stride) != stride or stride < 1:
+        raise ValueError(f"stride must be an integer >= 1 (1: every frame through the networks), got {stride!r}")
+    if mode not in MODES:
+        raise ValueError(f"stride-mode must be one of {', '.join(MODES)}, got {mode!r}")
+    return int(stride)
+
+
 class StrideRenderer:
     """The engine's stride-mode renderer (one per engine, shared by its streams).
 
@@ -317,10 +326,8 @@ class StrideRenderer:
     the nearer keyframe. ``network_frames`` counts frames sent through warp + decode."""
 
     def __init__(self, engine: Any, stride: int, mode: str = "mask", base_width: int = 531):
-        if int(stride) < 2:
+        if check_stride(stride, mode) < 2:
             raise ValueError(f"stride mode needs stride >= 2, got {stride}")
-        if mode not in MODES:
-            raise ValueError(f"stride_mode must be one of {MODES}, got {mode!r}")
         self.engine = engine
         self.k = int(stride)
         self.mode = mode
@@ -333,6 +340,11 @@ class StrideRenderer:
 
         # keyframes through static-shape runners like the dense path (CUDA graphs / compile on CUDA)
         self._key_runner = BucketedRunner(self._keys, getattr(engine, "accel", "eager"), min_bucket=4, max_bucket=32)
+
+    def warm_up(self, example_inputs: tuple[torch.Tensor, ...]) -> float:
+        """Compile / capture the keyframe runner's buckets now (a server's first session would
+        otherwise wait for them); seconds spent."""
+        return self._key_runner.warm_up(example_inputs)
 
     # -- streams ----------------------------------------------------------------------------------
     def driver(self, inner: FrameQueue, layer: Any) -> StrideDriver:
