@@ -544,6 +544,22 @@ def test_cli_refuses_a_stride_the_engine_cannot_use_before_any_work(packet, tmp_
     assert not out.exists()
 
 
+def test_a_server_runs_ditto_in_the_stride_mode_it_was_started_with(monkeypatch):
+    from newsstudio.cli import app
+    from newsstudio.server.engines import EnginePool
+
+    monkeypatch.setenv(OPTIONS_ENV, json.dumps(OPTS))
+    pool = EnginePool("ditto", torch.device("cpu"), "random", None, ditto_stride=3, ditto_stride_mode="heatmap")
+    _, eng = pool.get("ditto")
+    assert (eng.stride, eng.stride_mode, eng.render_buckets()) == (3, "heatmap", None)
+    _, dense = EnginePool("ditto", torch.device("cpu"), "random", None).get("ditto")
+    assert dense.stride == 1
+    for flags, message in ((["--ditto-stride", "1.5"], "--ditto-stride"),
+                           (["--ditto-stride-mode", "lerp"], "--ditto-stride-mode must be one of mask, heatmap, blend, nearest")):
+        r = CliRunner().invoke(app, ["serve", "--port", "1", *flags])  # (port 1: it must not get that far)
+        assert r.exit_code == 2 and message in r.output, r.output
+
+
 # ---------------------------------------------------------------------------------- config / weights
 
 

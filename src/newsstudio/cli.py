@@ -471,6 +471,11 @@ def serve(
     musetalk_feature_step_ms: Optional[int] = typer.Option(
         None, help="How often a live MuseTalk stream re-encodes its speech (multiple of 20 ms; default 100). 200 "
         "halves the Whisper runs at up to 100 ms more wait for features: the 16- and 20-stream H100 runs' setting."),
+    ditto_stride: int = typer.Option(1, help="Ditto sessions and jobs in stride mode: warp + decode every K-th "
+                                     "frame, the frames between interpolated (a live session holds up to K - 1 "
+                                     "frames back); 1 renders every frame."),
+    ditto_stride_mode: str = typer.Option("mask", help="Ditto stride mode's in-between frames: mask, heatmap, blend "
+                                          "or nearest (see render --help)."),
     compile_artifacts: Optional[Path] = typer.Option(
         None, help="A file of compiled kernels: loaded before the engines compile (if it exists), written once they "
         "are warm, so the next server on a fresh machine skips most of its compile. Load only files your servers wrote."),
@@ -478,6 +483,7 @@ def serve(
     """Start the HTTP/WebSocket/WebRTC server with the web page at /."""
     from .accel.static import check_static_shapes
     from .engines.batching import check_compose
+    from .engines.ditto.stride import check_stride
     from .engines.musetalk.frame_queues import feature_step_rows
     from .engines.registry import ENGINES, check_triton_convs
     from .frame_rate import check_frame_rate
@@ -503,6 +509,10 @@ def serve(
             RenderBudget.parse(max_render_fps, ENGINES)
     except ValueError as e:
         _fail(f"--{e}")
+    try:
+        check_stride(ditto_stride, ditto_stride_mode)
+    except ValueError as e:
+        _fail(f"--ditto-{e}")
     import uvicorn
 
     from .server.app import create_app
@@ -516,7 +526,8 @@ def serve(
                        speech_push_interval_s=speech_push_interval_ms / 1000, spread_render_phases=spread_render_phases, max_render_fps=max_render_fps,
                        fill_render_batches=fill_render_batches, first_face_row=first_face_row, static_shapes=static_shapes,
                        musetalk_feature_step_ms=musetalk_feature_step_ms, batch_graphs=batch_graphs,
-                       compose_graphs=compose_graphs, gc_freeze=gc_freeze, compile_artifacts=compile_artifacts)
+                       compose_graphs=compose_graphs, gc_freeze=gc_freeze, compile_artifacts=compile_artifacts,
+                       ditto_stride=ditto_stride, ditto_stride_mode=ditto_stride_mode)
     uvicorn.Server(uvicorn_config(create_app(cfg), host=host, port=port, log_level="info")).run()
 
 

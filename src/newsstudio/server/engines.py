@@ -14,6 +14,7 @@ from ..engines.base import Engine
 from ..engines.batching import Batcher, RenderBatcher, check_compose
 from ..engines.musetalk.face_rows import parse_first_face_row
 from ..engines.musetalk.frame_queues import feature_step_rows
+from ..engines.ditto.stride import check_stride
 from ..engines.registry import ENGINES, check_accel, check_triton_convs, create_engine, default_engine, engine_options
 from .gc_pauses import freeze_warm_objects, unfreeze
 
@@ -29,11 +30,14 @@ class EnginePool:
                  batch_sessions: bool = True, front_end_streams: bool = True, render_in_flight: int = 0,
                  stall_s: float | None = None, front_end_tf32: bool = True, compose: str = "stream",
                  triton_convs: str = "off", fill_render_batches: bool = False, first_face_row: int | str | None = None,
-                 feature_step_ms: int | None = None, static_shapes: str | None = None, gc_freeze: bool = True):
+                 feature_step_ms: int | None = None, static_shapes: str | None = None, gc_freeze: bool = True,
+                 ditto_stride: int = 1, ditto_stride_mode: str = "mask"):
         self.device = device
         self.gc_freeze = gc_freeze  # freeze the objects alive after each engine's warm-up (gc_pauses.py)
         # what else is working (ServerState: live sessions, clip jobs): a freeze would keep their objects for good
         self.work_in_progress: Callable[[], int] = lambda: 0
+        self.ditto_stride = check_stride(ditto_stride, ditto_stride_mode)  # Ditto's stride mode (before any session)
+        self.ditto_stride_mode = ditto_stride_mode
         self.static_shapes = check_static_shapes(static_shapes)  # MuseTalk's statically compiled render buckets (before any session)
         self.feature_step_ms = feature_step_ms  # MuseTalk's live Whisper step (None: its default)
         if feature_step_ms is not None:
@@ -83,7 +87,8 @@ class EnginePool:
             kw = engine_options(name, self.weights, self.models, self.accel, self.device, long_running=True,
                                 front_end_tf32=self.front_end_tf32, triton_convs=self.triton_convs,
                                 first_face_row=self.first_face_row, feature_step_ms=self.feature_step_ms,
-                                static_shapes=self.static_shapes)
+                                static_shapes=self.static_shapes, stride=self.ditto_stride,
+                                stride_mode=self.ditto_stride_mode)
             try:
                 eng = create_engine(name, device=self.device, **kw)
                 spent = eng.warm_up()  # compile/capture now, not in the first session

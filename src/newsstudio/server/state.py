@@ -105,6 +105,12 @@ class ServerConfig:
     """Which of MuseTalk's render buckets compile at their own batch size with a compile mode
     (accel/static.py `static_buckets`): None/"default" ("largest" on CUDA: 639.7 instead of 590.8
     frames/s dense on an H100), "none" (the quickest start), "largest", "all"."""
+    ditto_stride: int = 1
+    """Ditto sessions and jobs in stride mode (engines/ditto/stride.py): warp + decode every k-th
+    frame, the frames between interpolated along the motion; 1: every frame (dense). A live
+    session then holds up to k - 1 frames back (an in-between needs its next keyframe's motion)."""
+    ditto_stride_mode: str = "mask"
+    """How stride mode makes the frames between keyframes: mask, heatmap, blend or nearest."""
     batch_graphs: bool | None = None
     """MuseTalk's one-avatar render batches through CUDA graphs of their own (engines/musetalk/batch_graphs.py):
     the same bytes in ~10 torch calls instead of ~50 (each torch call waits for the GIL under many live
@@ -260,7 +266,8 @@ class ServerState:
         self.engines = EnginePool(cfg.engine, self.device, cfg.weights, cfg.models, cfg.accel, cfg.batch_sessions,
                                   cfg.front_end_streams, cfg.render_in_flight, stall_s, cfg.front_end_tf32,
                                   cfg.compose, cfg.triton_convs, cfg.fill_render_batches, cfg.first_face_row,
-                                  cfg.musetalk_feature_step_ms, cfg.static_shapes, cfg.gc_freeze)
+                                  cfg.musetalk_feature_step_ms, cfg.static_shapes, cfg.gc_freeze,
+                                  ditto_stride=cfg.ditto_stride, ditto_stride_mode=cfg.ditto_stride_mode)
         self.engines.work_in_progress = lambda: self.sessions.count() + len(self.jobs.active())
         if cfg.batch_graphs is not None:
             self.engines.set_batch_graphs(cfg.batch_graphs)  # engines loaded from now on too
