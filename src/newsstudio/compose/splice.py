@@ -100,12 +100,12 @@ def splice_nv12(
         offsets = roi_offsets(origins.to(dev), (h, w))
     idx_y, idx_uv = _flat_indices(offsets.to(dev), (hr, wr), (h, w))
     flat = out.view(b, -1)
-    rgb = roi_rgb.float() * (1.0 / 255.0)  # colour functions take floats in [0, 1]
+    rgb = roi_rgb.float()  # 0..255
     m = mask.to(dev, torch.float32)
-    y = rgb_to_y(rgb, matrix=matrix, full_range=full_range)
+    y = rgb_to_y(rgb, matrix=matrix, full_range=full_range, in_255=True)
     # Chroma blended exactly like "composite in RGB, then subsample": the block mean of
     # m * roi (premultiplied) plus (1 - block mean of m) times the background chroma.
-    uv_pre = rgb_to_uv(rgb * m.unsqueeze(-1), matrix=matrix, full_range=full_range)
+    uv_pre = rgb_to_uv(rgb * m.unsqueeze(-1), matrix=matrix, full_range=full_range, in_255=True)
     uv_off = yuv_coefficients(matrix, full_range).tensors(dev)[1][1:]
     m_uv = F.avg_pool2d(m.unsqueeze(1), 2).squeeze(1).unsqueeze(-1)  # (B, Hr/2, Wr/2, 1)
 
