@@ -136,7 +136,8 @@ def stride_psnr(dense, strided: dict[str, Any], packet, seconds: float, chunk: i
 
 
 def stride_figures(packet, device: torch.device, seconds: float, chunk: int, repeat: int, workdir: Path, *, stride: int,
-                   mode: str, psnr_modes: list[str], dense_engine, engine_kwargs: dict[str, Any]) -> dict[str, Any]:
+                   mode: str, psnr_modes: list[str], dense_engine, engine_kwargs: dict[str, Any],
+                   mp4: str = "veryfast") -> dict[str, Any]:
     """fps etc. of ``DittoEngine(stride=K)`` (same figures as "ours") and its PSNR vs dense."""
     from newsstudio.engines.ditto.engine import DittoEngine
 
@@ -145,7 +146,7 @@ def stride_figures(packet, device: torch.device, seconds: float, chunk: int, rep
     eng = DittoEngine(device, stride=stride, stride_mode=mode, **engine_kwargs)
     eng.load_avatar(packet)
     print(f"[ditto] stride {stride} ({mode}): warm-up and {repeat} runs ...", file=sys.stderr, flush=True)
-    out: dict[str, Any] = {"stride": stride, "mode": mode, "ours": engine_figures(eng, packet, seconds, chunk, repeat, workdir)}
+    out: dict[str, Any] = {"stride": stride, "mode": mode, "ours": engine_figures(eng, packet, seconds, chunk, repeat, workdir, mp4=mp4)}
     engines = {m: (eng if m == mode else DittoEngine(device, stride=stride, stride_mode=m, **engine_kwargs)) for m in psnr_modes}
     print(f"[ditto] stride {stride}: PSNR vs dense for modes {list(engines)} ...", file=sys.stderr, flush=True)
     out["psnr"] = stride_psnr(dense_engine, engines, packet, seconds, chunk)
@@ -286,7 +287,8 @@ def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, 
     if stride > 1:
         out["stride"] = stride_figures(packet, device, seconds, chunk, repeat, workdir, stride=stride, mode=stride_mode,
                                        psnr_modes=stride_psnr_modes or [stride_mode], dense_engine=engine,
-                                       engine_kwargs=dict(weights="random", salt=salt, steps=steps, accel=stride_accel or specs[0]["accel"], **opts))
+                                       engine_kwargs=dict(weights="random", salt=salt, steps=steps, accel=stride_accel or specs[0]["accel"], **opts),
+                                       mp4=mp4)
     print("[ditto] LMDM window timing ...", file=sys.stderr, flush=True)
     out["lmdm"] = lmdm_figures(engine.models.lmdm, device, steps, engine.config.overlap_v2, repeat=max(3, repeat * 3),
                                batch_windows=(2,) if quick else (16, 64, 256), accel=engine.front_end_accel)
