@@ -313,10 +313,13 @@ def test_runner_with_stride(video_packet):
 
 
 def test_options_are_checked():
-    with pytest.raises(ValueError, match="stride"):
+    with pytest.raises(ValueError, match="stride must be an integer >= 1"):
         DittoEngine("cpu", weights="random", stride=0, **OPTS)
-    with pytest.raises(ValueError, match="stride_mode"):
+    with pytest.raises(ValueError, match="stride must be an integer >= 1"):
+        DittoEngine("cpu", weights="random", stride=2.5, **OPTS)
+    with pytest.raises(ValueError, match="stride-mode must be one of mask, heatmap, blend, nearest, got 'optical'"):
         DittoEngine("cpu", weights="random", stride=2, stride_mode="optical", **OPTS)
+    assert S.check_stride(np.int64(4), "blend") == 4 and S.check_stride(3.0) == 3
 
 
 # ---------------------------------------------------------------------------------- pieces
