@@ -197,3 +197,44 @@ def test_a_ditto_session_at_30_fps_speaks_on_its_own_frame_clock(setup):
     assert frame_sample(f0, SR, Fraction(fps)) <= first < frame_sample(f0 + 1, SR, Fraction(fps))
     assert len([k for k in video if k >= f0 and not torch.equal(video[k], ref)]) >= 3
     s.close()
+
+
+def test_a_ditto_session_in_stride_mode_speaks_with_half_the_network_frames(astronaut_packet, tmp_path):
+    """`serve --ditto-stride 2`: a live session on a stride-mode engine gets every frame of its
+    utterance (the driver's held-back in-between rows come out once the speech ends), goes on air
+    with its sound on the first speech frame, and its face moves; only keyframes (and the idle
+    pose) go through warp + decoder."""
+    from newsstudio.engines.ditto.config import TINY_OPTIONS
+    from newsstudio.engines.ditto.engine import DittoEngine
+
+    eng = DittoEngine("cpu", weights="random", steps=2, overlap_v2=60, stride=2, **TINY_OPTIONS)
+    dest = tmp_path / "astronaut"
+    shutil.copytree(astronaut_packet.path, dest)
+    packet = eng.prebake(open_packet(dest), progress=False)
+    s, ts = _session(eng, packet, prebuffer_s=0.12, render_ahead=1)
+    idle, _ = _collect(s, ts, 0.1)
+    ref = idle[min(idle)]
+    s.push_speech(_speechlike(1.2, SR), SR)
+    s.end_speech()
+    u = s._current
+    assert u.closed and u.total_frames == 30 and u.ready_frames() >= 30  # 1.2 s at 25 fps, none held back now
+    before = eng._strider.network_frames
+    video, audio = {}, {}
+    t = 0.1
+    while s._current is None or s._current.start_frame is None:
+        assert t < 3.0, "the speech never went on air"
+        t += 0.1
+        v, a = _collect(s, ts, t)
+        video.update(v), audio.update(a)
+    f0 = s._current.start_frame
+    v, a = _collect(s, ts, (f0 + 8) / FPS + 1e-6)
+    video.update(v), audio.update(a)
+    keys = sorted(audio)
+    out = np.concatenate([audio[k] for k in keys])
+    first = keys[0] + int(np.flatnonzero(np.abs(out) > 1e-4)[0])
+    assert frame_sample(f0, SR, Fraction(FPS)) <= first < frame_sample(f0 + 1, SR, Fraction(FPS))
+    spoken = [k for k in video if k >= f0]
+    assert len([k for k in spoken if not torch.equal(video[k], ref)]) >= 6
+    through_networks = eng._strider.network_frames - before
+    assert 0 < through_networks <= len(spoken) // 2 + 2, (through_networks, len(spoken))
+    s.close()

@@ -12,9 +12,9 @@ from ..accel.cache import save_compile_artifacts
 from ..accel.static import check_static_shapes
 from ..engines.base import Engine
 from ..engines.batching import Batcher, RenderBatcher, check_compose
+from ..engines.ditto.stride import check_stride
 from ..engines.musetalk.face_rows import parse_first_face_row
 from ..engines.musetalk.frame_queues import feature_step_rows
-from ..engines.ditto.stride import check_stride
 from ..engines.registry import ENGINES, check_accel, check_triton_convs, create_engine, default_engine, engine_options
 from .gc_pauses import freeze_warm_objects, unfreeze
 
