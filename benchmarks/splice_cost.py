@@ -13,12 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-from typing import Any, Callable
 
 import torch
 
-from .common import median, sync
+from .common import median, timed
 
 
 def yuv_by_matmul(x: torch.Tensor, fwd: torch.Tensor, off: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,18 +24,6 @@ def yuv_by_matmul(x: torch.Tensor, fwd: torch.Tensor, off: torch.Tensor) -> tupl
     h, w = x.shape[-3], x.shape[-2]
     blocks = x.reshape(*x.shape[:-3], h // 2, 2, w // 2, 2, 3).mean(dim=(-4, -2))
     return x @ fwd[0] + off[0], blocks @ fwd[1:].T + off[1:]
-
-
-def timed(fn: Callable[[], Any], device: torch.device, repeat: int) -> float:
-    fn()
-    sync(device)
-    runs = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        runs.append((time.perf_counter() - t0) * 1e3)
-    return median(runs)
 
 
 def main() -> int:
@@ -62,11 +48,12 @@ def main() -> int:
     origins = torch.tensor([[(w - wr) // 2 // 2 * 2, (h - hr) // 2 // 2 * 2]] * b, device=dev)
     fwd, off, _, _ = yuv_coefficients().tensors(dev)
     out = torch.empty_like(frames)
-    rows = {
-        "splice (splice_nv12)": timed(lambda: splice_nv12(frames, roi, mask, origins, out=out), dev, args.repeat),
-        "yuv, scaled adds (now)": timed(lambda: (rgb_to_y(roi, in_255=True), rgb_to_uv(roi, in_255=True)), dev, args.repeat),
-        "yuv, matmuls (before)": timed(lambda: yuv_by_matmul(roi, fwd, off), dev, args.repeat),
+    calls = {
+        "splice (splice_nv12)": lambda: splice_nv12(frames, roi, mask, origins, out=out),
+        "yuv, scaled adds (now)": lambda: (rgb_to_y(roi, in_255=True), rgb_to_uv(roi, in_255=True)),
+        "yuv, matmuls (before)": lambda: yuv_by_matmul(roi, fwd, off),
     }
+    rows = {k: median(timed(fn, dev, args.repeat)) * 1e3 for k, fn in calls.items()}
     y_new, uv_new = rgb_to_y(roi, in_255=True), rgb_to_uv(roi, in_255=True)
     y_old, uv_old = yuv_by_matmul(roi, fwd, off)
     diff = max(float((y_new - y_old).abs().max()), float((uv_new - uv_old).abs().max()))

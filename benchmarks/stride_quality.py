@@ -26,7 +26,6 @@ import sys
 import time
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 

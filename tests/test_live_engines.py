@@ -75,6 +75,27 @@ def _collect(s, ts, until, **kw):
     return video, audio
 
 
+def _speak_after_idle(s, ts, fps: int, t_idle: float, frames_after: int):
+    """Play from ``t_idle`` until the session's (already pushed) speech goes on air, then
+    ``frames_after`` more frames; asserts the sound starts on the first speech frame of the
+    ``fps`` clock. Returns (frames by index, first speech frame)."""
+    video, audio = {}, {}
+    t = t_idle
+    while s._current is None or s._current.start_frame is None:
+        assert t < t_idle + 3.0, "the speech never went on air"
+        t += 0.1
+        v, a = _collect(s, ts, t)
+        video.update(v), audio.update(a)
+    f0 = s._current.start_frame
+    v, a = _collect(s, ts, (f0 + frames_after) / fps + 1e-6)
+    video.update(v), audio.update(a)
+    keys = sorted(audio)
+    out = np.concatenate([audio[k] for k in keys])
+    first = keys[0] + int(np.flatnonzero(np.abs(out) > 1e-4)[0])
+    assert frame_sample(f0, SR, Fraction(fps)) <= first < frame_sample(f0 + 1, SR, Fraction(fps))
+    return video, f0
+
+
 def test_streamed_speech_interrupt_and_close(setup):
     name, eng, packet = setup
     s, ts = _session(eng, packet, prebuffer_s=0.12, render_ahead=1)
@@ -181,20 +202,7 @@ def test_a_ditto_session_at_30_fps_speaks_on_its_own_frame_clock(setup):
     s.end_speech()  # all of it in: the utterance's driving is complete now
     u = s._current
     assert u.closed and u.total_frames == 48 and u.ready_frames() >= 48  # 1.6 s at 30 fps, each with motion
-    video, audio = {}, {}
-    t = 0.1
-    while s._current is None or s._current.start_frame is None:
-        assert t < 3.0, "the speech never went on air"
-        t += 0.1
-        v, a = _collect(s, ts, t)
-        video.update(v), audio.update(a)
-    f0 = s._current.start_frame
-    v, a = _collect(s, ts, (f0 + 3) / fps + 1e-6)
-    video.update(v), audio.update(a)
-    keys = sorted(audio)
-    out = np.concatenate([audio[k] for k in keys])
-    first = keys[0] + int(np.flatnonzero(np.abs(out) > 1e-4)[0])
-    assert frame_sample(f0, SR, Fraction(fps)) <= first < frame_sample(f0 + 1, SR, Fraction(fps))
+    video, f0 = _speak_after_idle(s, ts, fps, 0.1, 3)
     assert len([k for k in video if k >= f0 and not torch.equal(video[k], ref)]) >= 3
     s.close()
 
@@ -219,20 +227,7 @@ def test_a_ditto_session_in_stride_mode_speaks_with_half_the_network_frames(astr
     u = s._current
     assert u.closed and u.total_frames == 30 and u.ready_frames() >= 30  # 1.2 s at 25 fps, none held back now
     before = eng._strider.network_frames
-    video, audio = {}, {}
-    t = 0.1
-    while s._current is None or s._current.start_frame is None:
-        assert t < 3.0, "the speech never went on air"
-        t += 0.1
-        v, a = _collect(s, ts, t)
-        video.update(v), audio.update(a)
-    f0 = s._current.start_frame
-    v, a = _collect(s, ts, (f0 + 8) / FPS + 1e-6)
-    video.update(v), audio.update(a)
-    keys = sorted(audio)
-    out = np.concatenate([audio[k] for k in keys])
-    first = keys[0] + int(np.flatnonzero(np.abs(out) > 1e-4)[0])
-    assert frame_sample(f0, SR, Fraction(FPS)) <= first < frame_sample(f0 + 1, SR, Fraction(FPS))
+    video, f0 = _speak_after_idle(s, ts, FPS, 0.1, 8)
     spoken = [k for k in video if k >= f0]
     assert len([k for k in spoken if not torch.equal(video[k], ref)]) >= 6
     through_networks = eng._strider.network_frames - before
