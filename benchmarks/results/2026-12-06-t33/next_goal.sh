@@ -1,6 +1,7 @@
 # The issue's goal run in three device calls (each under the 600 s call limit), meant for an H200; PART picks one:
 #   PART=musetalk  MuseTalk rows next to the reference-style pipeline (dense, TTFF, MP4, avatar open), ~420 s warm
-#   PART=ditto     Ditto rows next to its reference (dense, TTFF, MP4 with the ramped chunks, LMDM), ~450 s warm
+#   PART=ditto     Ditto rows next to its reference (dense, TTFF, MP4 with the ramped chunks, LMDM), ~450 s warm;
+#                  DITTO_ARGS="--stride 8" adds stride mode's row (forty-first session; ~100 s more: give it L=590)
 #   PART=streams   concurrent streams at 30 fps, each level 30 s as the issue asks (the t33 levels were 20 s):
 #                  16 MuseTalk with the defaults and the many-streams settings, then 8 Ditto; GPU memory per
 #                  session from each level's JSON (gpu_peak_mb - gpu_before_mb) / sessions
@@ -12,7 +13,7 @@ musetalk)
     | grep "\[musetalk\]\|^|\|rror" | tail -24 ;;
 ditto)
   timeout ${L:-560} python -m benchmarks.run --engines ditto --size 1080x1920 --repeat 2 --variants compile+cudagraph \
-    --mp4 ultrafast:12/8/1~8 --json $OUT/run_ditto.json 2>&1 | grep -v Warn | tee $OUT/run_ditto.log \
+    --mp4 ultrafast:12/8/1~8 ${DITTO_ARGS:-} --json $OUT/run_ditto.json 2>&1 | grep -v Warn | tee $OUT/run_ditto.log \
     | grep "\[ditto\]\|^|\|rror" | tail -24 ;;
 streams)
   timeout -s ABRT ${LM:-330} python -X faulthandler -m benchmarks.load_test --engine musetalk --fps 30 --weights random \
