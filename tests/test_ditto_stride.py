@@ -252,6 +252,25 @@ def test_any_chunking_same_frames_one_render_per_keyframe(k, video_packet):
             assert (out - first).abs().max() < 1e-3, sizes
 
 
+@pytest.mark.parametrize("k, chunks, batches", [(4, [32, 32, 6], [9, 8, 2]), (8, [32, 32, 6], [5, 4, 1]),
+                                                 (2, [32, 6], [17, 3]), (4, [16, 16, 16, 6], [5, 4, 4, 2])])
+def test_a_streams_keyframe_batches_run_unpadded(k, chunks, batches, video_packet):
+    """A render of c frames needs c / k keyframes (its first cached, the next one ahead), the first
+    one more and the last a few: each such batch is one of the keyframe runner's sizes, so on CUDA
+    no padded frame goes through the networks (4, 8, 16, 32 had run 52 frames for 42 keyframes)."""
+    e, _, layer = _standin_engine(k, video_packet)
+    feats = torch.randn(sum(chunks), 1024, generator=torch.Generator().manual_seed(5))
+    drv, rows = _stream(e, layer, feats)
+    seen: list[int] = []
+    runner = e._strider._key_runner
+    e._strider._key_runner = lambda *a: (seen.append(int(a[0].shape[0])), runner(*a))[1]
+    _render_chunks(e, layer, rows, chunks)
+    assert seen == batches and sum(seen) == len(keyframes(sum(chunks), k)) == e._strider.network_frames
+    # (a lone keyframe runs as 2: torch.compile would compile a batch of one apart)
+    assert all(runner.bucket_for(n) == max(n, 2) for n in seen)
+    assert [b for b in runner.buckets() if b & (b - 1) == 0] == [2, 4, 8, 16, 32]  # any other count: the next size up
+
+
 def test_concurrent_streams_keep_their_own_keyframes(video_packet):
     e, s, layer = _standin_engine(3, video_packet)
     da, a_rows = _stream(e, layer, FEATS11)

@@ -305,6 +305,13 @@ class StrideDriver(QueuedStage):
 # ------------------------------------------------------------------------------ renderer
 
 MODES = ("mask", "heatmap", "blend", "nearest")
+# Batch sizes of the keyframe runner (a CUDA graph each; one shared compilation). A render of c
+# frames at stride k needs c / k keyframes once the stream runs (its first keyframe cached, the
+# next one ahead), a stream's first render one more, its last one to three: the powers of two,
+# one more than each, and 12 / 24 keep those unpadded, where padding to 4, 8, 16, 32 had sent 52
+# frames through the networks for the 42 keyframes of 165 frames at k = 4 (chunks of 32: 9 -> 16,
+# 1 -> 4). No 1: torch.compile specialises a batch of one and would compile a second time.
+KEYFRAME_BUCKETS = (2, 3, 4, 5, 8, 9, 12, 16, 17, 24, 32)
 
 
 def check_stride(stride: Any, mode: str = "mask") -> int:
@@ -339,7 +346,7 @@ class StrideRenderer:
         from ...accel.static import BucketedRunner
 
         # keyframes through static-shape runners like the dense path (CUDA graphs / compile on CUDA)
-        self._key_runner = BucketedRunner(self._keys, getattr(engine, "accel", "eager"), min_bucket=4, max_bucket=32)
+        self._key_runner = BucketedRunner(self._keys, getattr(engine, "accel", "eager"), sizes=KEYFRAME_BUCKETS)
 
     def warm_up(self, example_inputs: tuple[torch.Tensor, ...]) -> float:
         """Compile / capture the keyframe runner's buckets now (a server's first session would
