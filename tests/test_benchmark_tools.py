@@ -407,3 +407,20 @@ def test_the_chunk_pack_benchmark_packs_the_same_bytes_both_ways(capsys):
     main(["--messages", "20", "--repeat", "1", "--size", "64"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 1 |")]
     assert len(rows) == 2 and all(line.count(" ms |") == 2 for line in rows), rows
+
+
+def test_stride_quality_scores_each_stride_and_mode_on_the_stand_in():
+    """benchmarks/stride_quality.py on the developer architecture: one row per stride and mode, the
+    keyframe counts a stride implies, and motion compensation well above a cross-fade (the stand-in
+    moves pixels with the warp network's own motion model)."""
+    from benchmarks.stride_quality import run
+
+    out = run([2, 4], ["mask", "blend", "nearest"], 9, quick=True)
+    rows = {(r["stride"], r["mode"]): r for r in out["rows"]}
+    assert sorted(rows) == [(2, "blend"), (2, "mask"), (2, "nearest"), (4, "blend"), (4, "mask"), (4, "nearest")]
+    assert rows[(2, "mask")]["keyframes"] == 5 and rows[(4, "mask")]["keyframes"] == 3
+    assert 25 < out["consecutive_dense_psnr"] < 45  # the frames really move, like a talking head's
+    for k in (2, 4):
+        r = {m: rows[(k, m)] for m in ("mask", "blend", "nearest")}
+        assert r["mask"]["psnr_in_between"] > r["blend"]["psnr_in_between"] + 5
+        assert all(x["psnr_all"] > x["psnr_in_between"] for x in r.values())  # keyframes are exact
