@@ -43,12 +43,18 @@ def _musetalk():
     return MuseTalkEngine("cpu", weights="random", unet_config=TINY_UNET_CONFIG, vae_config=TINY_VAE_CONFIG)
 
 
-def _ditto():
+def _ditto(**kw):
     from newsstudio.engines.ditto.config import TINY_OPTIONS
     from newsstudio.engines.ditto.engine import DittoEngine
 
     # overlap_v2=60: the first LMDM window needs 20 frames (0.8 s) of audio instead of 70 (2.8 s)
-    return DittoEngine("cpu", weights="random", steps=2, overlap_v2=60, **TINY_OPTIONS)
+    return DittoEngine("cpu", weights="random", steps=2, overlap_v2=60, **TINY_OPTIONS, **kw)
+
+
+def _prebaked(eng, astronaut_packet, dest):
+    """A copy of the astronaut packet at ``dest`` with ``eng``'s arrays added."""
+    shutil.copytree(astronaut_packet.path, dest)
+    return eng.prebake(open_packet(dest), progress=False)
 
 
 @pytest.fixture(scope="module", params=["musetalk", "ditto"])
@@ -57,10 +63,7 @@ def setup(request, astronaut_packet, tmp_path_factory):
         eng = _musetalk() if request.param == "musetalk" else _ditto()
     except Exception as e:  # noqa: BLE001 - an engine that cannot be built here is reported, not failed
         pytest.skip(f"{request.param} engine unavailable: {type(e).__name__}: {e}")
-    dest = tmp_path_factory.mktemp(f"live_{request.param}") / "astronaut"
-    shutil.copytree(astronaut_packet.path, dest)
-    packet = eng.prebake(open_packet(dest), progress=False)
-    return request.param, eng, packet
+    return request.param, eng, _prebaked(eng, astronaut_packet, tmp_path_factory.mktemp(f"live_{request.param}") / "astronaut")
 
 
 def _session(eng, packet, **kw):
@@ -212,13 +215,8 @@ def test_a_ditto_session_in_stride_mode_speaks_with_half_the_network_frames(astr
     utterance (the driver's held-back in-between rows come out once the speech ends), goes on air
     with its sound on the first speech frame, and its face moves; only keyframes (and the idle
     pose) go through warp + decoder."""
-    from newsstudio.engines.ditto.config import TINY_OPTIONS
-    from newsstudio.engines.ditto.engine import DittoEngine
-
-    eng = DittoEngine("cpu", weights="random", steps=2, overlap_v2=60, stride=2, **TINY_OPTIONS)
-    dest = tmp_path / "astronaut"
-    shutil.copytree(astronaut_packet.path, dest)
-    packet = eng.prebake(open_packet(dest), progress=False)
+    eng = _ditto(stride=2)
+    packet = _prebaked(eng, astronaut_packet, tmp_path / "astronaut")
     s, ts = _session(eng, packet, prebuffer_s=0.12, render_ahead=1)
     idle, _ = _collect(s, ts, 0.1)
     ref = idle[min(idle)]

@@ -333,10 +333,10 @@ class StrideRenderer:
     the nearer keyframe. ``network_frames`` counts frames sent through warp + decode."""
 
     def __init__(self, engine: Any, stride: int, mode: str = "mask", base_width: int = 531):
-        if check_stride(stride, mode) < 2:
+        self.k = check_stride(stride, mode)
+        if self.k < 2:
             raise ValueError(f"stride mode needs stride >= 2, got {stride}")
         self.engine = engine
-        self.k = int(stride)
         self.mode = mode
         self.base_width = int(base_width)
         self.width = stride_width(self.base_width)  # rows of this width render in stride mode
