@@ -231,11 +231,18 @@ def yuv_planes_to_rgb(
         )
     yf = y.to(torch.float32)
     uvf = uv.to(torch.float32)
-    _, _, inv, inv_off = yuv_coefficients(matrix, full_range).tensors(yf.device)
-    # Chroma contribution per 2x2 block, then replicate: 4x fewer multiplies than upsampling first.
-    chroma = uvf @ inv[:, 1:].T + inv_off
-    chroma = chroma.repeat_interleave(2, dim=-3).repeat_interleave(2, dim=-2)
-    return yf.unsqueeze(-1) * inv[:, 0] + chroma
+    c = yuv_coefficients(matrix, full_range)
+    # Per output channel: the chroma term per 2x2 block (4x fewer multiplies than upsampling first),
+    # replicated over its block by a broadcast view, plus the luma term: scaled adds, no GEMV (as
+    # in the forward direction).
+    lead, (h2, w2) = uvf.shape[:-3], uvf.shape[-3:-1]
+    channels = []
+    for row, off in zip(c.inverse, c.inverse_offset):
+        chroma = uvf[..., 0] * row[1]
+        chroma.add_(uvf[..., 1], alpha=row[2]).add_(off)
+        block = chroma.reshape(*lead, h2, 1, w2, 1).expand(*lead, h2, 2, w2, 2).reshape(*lead, h, w)
+        channels.append(torch.add(block, yf, alpha=row[0]))
+    return torch.stack(channels, dim=-1)
 
 
 def _split_420(buf: torch.Tensor, what: str) -> tuple[int, int]:
