@@ -1,0 +1,3 @@
+# forty-second session, call 5: 8 Ditto sessions, two 30 s levels (next_goal.sh's settings); then call 6: the colour and
+# splice tests on CUDA (`python -m pytest -q -p no:cacheprovider tests/test_colour.py tests/test_splice.py`: 43 passed)
+. .carry/setup.sh; export PATH=/tmp/site/bin:$PATH; timeout -s ABRT 300 python -X faulthandler -m benchmarks.load_test --engine ditto --fps 30 --weights random --size 1080 --accel compile+cudagraph --client-processes 4 --render-aheads 8 --render-leads 0.15 --send-on-clock on --warm-up-s 5 --duration 30 --sessions 8,8 --json $OUT/load_ditto30s.json > $OUT/load_ditto30s.log 2>&1; echo "rc $?"; grep "ready after\|level of" $OUT/load_ditto30s.log; python -m benchmarks.load_summary $OUT/load_ditto30s.json; echo "done at $SECONDS s"
