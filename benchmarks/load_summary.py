@@ -19,7 +19,8 @@ def level_line(r: dict) -> str:
         v = r.get(key)
         return "-" if v is None else f"{v:.1f}"
 
-    return (f"{r['sessions']} sessions | batch graphs {r.get('batch_graphs')} | compose graphs {r.get('compose_graphs')} | socket writes {r.get('ws_socket_writes')} | "
+    stride = f" | Ditto stride {r['ditto_stride']}" if (r.get("ditto_stride") or 1) > 1 else ""
+    return (f"{r['sessions']} sessions{stride} | batch graphs {r.get('batch_graphs')} | compose graphs {r.get('compose_graphs')} | socket writes {r.get('ws_socket_writes')} | "
             f"on time {r['sustained']} of {r['sessions']} | errors {r['errors']} | server fps {r['server_fps']:.1f} | "
             f"fps min {r['fps_min']:.1f} | jitter p95 {ms('jitter_p95_ms')} ms | batch {ms('batch_frames_mean')} frames "
             f"({r.get('requests_per_batch') or 0:.2f} requests) | render busy {r['render_busy_share']:.2f} | "
@@ -27,8 +28,8 @@ def level_line(r: dict) -> str:
             f"{r.get('gc_full_collections', '-')}, longest {ms('gc_pause_max_ms')} ms | captures/compiles in level "
             f"{r.get('graph_captures_during', '-')}/{r.get('compiled_frames_during', '-')} | render call/wait/copy-out "
             f"{ms('session_render_call_ms')}/{ms('session_render_wait_ms')}/{ms('session_copy_out_ms')} ms | late max "
-            f"{ms('late_max_ms')} ms | loop lag p95/max {ms('loop_lag_p95_ms')}/{ms('loop_lag_max_ms')} ms | GPU MB before/after "
-            f"{ms('gpu_before_mb')}/{ms('gpu_after_mb')}{host_part(r.get('host_speed'))}")
+            f"{ms('late_max_ms')} ms | loop lag p95/max {ms('loop_lag_p95_ms')}/{ms('loop_lag_max_ms')} ms | GPU MB before/peak/after "
+            f"{ms('gpu_before_mb')}/{ms('gpu_peak_mb')}/{ms('gpu_after_mb')}{host_part(r.get('host_speed'))}")
 
 
 def host_part(host: dict | None) -> str:

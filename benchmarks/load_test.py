@@ -78,6 +78,8 @@ def start_server(args) -> tuple[str, object, object, object]:
         defaults["first_face_row"] = args.first_face_row
     if args.compile_artifacts is not None:
         defaults["compile_artifacts"] = Path(args.compile_artifacts)
+    if args.ditto_stride > 1:  # Ditto sessions in stride mode (the server's --ditto-stride)
+        defaults.update(ditto_stride=args.ditto_stride, ditto_stride_mode=args.ditto_stride_mode)
     cfg = ServerConfig(engine=args.engine, device=args.device, avatars=d / "avatars", clips=d / "clips",
                        max_sessions=max(args.sessions) + 2, weights=args.weights, fps=args.fps, accel=args.accel,
                        batch_sessions=not args.no_batch, **defaults)
@@ -110,6 +112,19 @@ def compose_list(spec: str | None) -> list[str]:
     if bad:
         raise SystemExit(f"--compose takes {', '.join(COMPOSE_MODES)} or a comma-separated list of them, got {bad[0]!r}")
     return modes
+
+
+def check_ditto_stride(args) -> None:
+    """``--ditto-stride``: checked before a server starts, and only with Ditto sessions (another engine
+    would ignore it and the level would read as a stride figure)."""
+    from newsstudio.engines.ditto.stride import check_stride
+
+    try:
+        check_stride(args.ditto_stride, args.ditto_stride_mode)
+    except ValueError as e:
+        raise SystemExit(f"--ditto-stride: {e}") from None
+    if args.ditto_stride > 1 and (args.engine != "ditto" or args.url):
+        raise SystemExit("--ditto-stride needs --engine ditto and a server started here (not --url)")
 
 
 def format_list(spec: str) -> list[str]:
@@ -645,6 +660,9 @@ def main() -> None:
     ap.add_argument("--compile-artifacts", default=None,
                     help="the server's compile-artifacts file (serve --compile-artifacts): loaded if it exists, "
                          "written once its engine is warm")
+    ap.add_argument("--ditto-stride", type=int, default=1,
+                    help="Ditto sessions in stride mode: warp + decode every K-th frame (server started here)")
+    ap.add_argument("--ditto-stride-mode", default="mask", help="stride mode's in-between frames (mask, heatmap, blend, nearest)")
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args()
     args.front_end_streams = on_off_list(args.front_end_streams)  # checked before a server starts
@@ -656,6 +674,7 @@ def main() -> None:
     args.gc_freeze = on_off_list(args.gc_freeze, "--gc-freeze")
     args.ws_socket_writes = on_off_list(args.ws_socket_writes, "--ws-socket-writes")
     args.compose = compose_list(args.compose)
+    check_ditto_stride(args)
     args.formats = format_list(args.format)
     args.format = args.formats[0]
     args.host_speed = host_speed()  # before the server starts: this host's Python and launch speed (host_speed.py)
@@ -708,6 +727,7 @@ SERVER_SETTINGS: tuple[tuple[str, Callable[[Any, Any], Any]], ...] = (
     ("gc_freeze", lambda cfg, state: cfg.gc_freeze),
     ("ws_socket_writes", lambda cfg, state: cfg.ws_socket_writes),
     ("speech_push_interval_ms", lambda cfg, state: cfg.speech_push_interval_s * 1e3),
+    ("ditto_stride", lambda cfg, state: cfg.ditto_stride),
 )
 
 

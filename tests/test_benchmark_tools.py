@@ -168,6 +168,36 @@ def test_a_level_against_a_server_elsewhere_records_its_settings_as_unknown_not_
     assert table_cell(None, 5, ".1f") == "    -" and table_cell(2.25, 5, ".1f") == "  2.2"
 
 
+def test_the_load_test_runs_ditto_stride_levels_and_refuses_a_stride_it_would_not_apply():
+    """`--ditto-stride K` starts the server's Ditto sessions in stride mode, its rows and summary lines say so;
+    a bad stride, or one with another engine's sessions, ends before any server starts."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from benchmarks.load_summary import level_line
+    from benchmarks.load_test import check_ditto_stride, server_settings_row
+    from newsstudio.server.state import ServerConfig
+
+    row = server_settings_row(ServerConfig(ditto_stride=4), None)
+    assert row["ditto_stride"] == 4
+    check_ditto_stride(SimpleNamespace(ditto_stride=4, ditto_stride_mode="mask", engine="ditto", url=None))
+    for bad in (dict(ditto_stride=0), dict(ditto_stride_mode="warp"), dict(engine="musetalk"), dict(url="http://x")):
+        args = dict(ditto_stride=4, ditto_stride_mode="mask", engine="ditto", url=None) | bad
+        with pytest.raises(SystemExit, match="--ditto-stride"):
+            check_ditto_stride(SimpleNamespace(**args))
+    level = dict(sessions=8, sustained=8, errors=0, server_fps=240.0, fps_min=30.0, render_busy_share=0.3, ditto_stride=4,
+                 gpu_before_mb=1.0, gpu_peak_mb=3.0, gpu_after_mb=1.5)
+    line = level_line(level)
+    assert line.startswith("8 sessions | Ditto stride 4 |") and "GPU MB before/peak/after 1.0/3.0/1.5" in line, line
+    assert "stride" not in level_line(level | dict(ditto_stride=1))
+    cmd = [sys.executable, "-m", "benchmarks.load_test", "--engine", "classic", "--ditto-stride", "2", "--sessions", "1"]
+    done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "--ditto-stride needs --engine ditto" in done.stderr, done.stderr[-500:]
+    assert "ready after" not in done.stderr  # refused before a server started
+
+
 def test_the_load_test_clients_start_without_torch():
     """--client-processes children import the load test module; with torch (and Triton) behind it, four
     of them took seconds to start on a busy GPU machine, which a level's clock counted as 0 frames/s."""
