@@ -345,7 +345,9 @@ def segment_mp4_figures(engine, packet, audio, fps: int, chunk: int, out_path: P
     Next to each: the file's size and x264 + AAC alone on the very frames this engine rendered
     (kept from the first run, written again from memory in the same chunks): how long the encoders
     need for this engine's pictures (seeded weights make noisy faces, which cost x264 more bits and
-    time than an avatar's own frames), so total - encoder alone is what the render adds."""
+    time than an avatar's own frames), so total - encoder alone is what the render adds; and the
+    same chunks rendered with nothing encoding, against the MP4 run's last chunk in hand: how much
+    the encoder threads slow the render down."""
     from newsstudio.audio.source import frames_for_samples
     from newsstudio.media.mp4_writer import Mp4Writer, as_frame_rate
     from newsstudio.stream import stream_generator
@@ -390,6 +392,15 @@ def segment_mp4_figures(engine, packet, audio, fps: int, chunk: int, out_path: P
         finally:
             sys.setswitchinterval(before)
 
+    def render_alone(spec: str) -> float:
+        """Seconds to the last chunk in hand with the same chunks and nothing encoding: against the
+        MP4 run's last chunk, how much the encoder threads slow the render (they share the cores)."""
+        ramp = spec_parts(spec)[1]
+        t0 = time.perf_counter()
+        for _ in stream_generator(engine, packet, audio, fps=fps, chunk_frames=chunk, output="nv12", ramp_frames=int(ramp or 0)):
+            pass
+        return time.perf_counter() - t0
+
     def encode_alone(spec: str) -> tuple[float, int]:
         """(seconds, file bytes) for x264 + AAC on the kept frames, no render."""
         spec = spec_parts(spec)[0]
@@ -402,10 +413,12 @@ def segment_mp4_figures(engine, packet, audio, fps: int, chunk: int, out_path: P
     runs = {spec: [to_mp4(spec) for _ in range(max(1, repeat))] for spec in specs.split(",")}
     size: dict[str, int] = {}
     alone: dict[str, float] = {}
+    rendered: dict[str, float] = {}
     for spec in runs:
         timings = [encode_alone(spec) for _ in range(max(1, repeat))]
         alone[spec] = median([t for t, _ in timings])
         size[spec] = timings[-1][1]
+        rendered[spec] = median([render_alone(spec) for _ in range(max(1, repeat))])
     kept.clear()
     by = {spec: median([r[0] for r in rs]) for spec, rs in runs.items()}
     phases = {spec: {"first_chunk_s": median([r[1] for r in rs]), "last_chunk_s": median([r[2] for r in rs])}
@@ -413,6 +426,7 @@ def segment_mp4_figures(engine, packet, audio, fps: int, chunk: int, out_path: P
     first = next(iter(by))
     return {"segment_mp4_s": by[first], "segment_mp4_config": first, "segment_mp4_s_by_config": by,
             "segment_mp4_phases_by_config": phases, "segment_encode_alone_s_by_config": alone,
+            "segment_render_alone_s_by_config": rendered,
             "segment_mp4_bytes_by_config": size}
 
 
@@ -431,4 +445,7 @@ def stream_rows(row: Callable[..., None], o: dict[str, Any]) -> None:
         size = o.get("segment_mp4_bytes_by_config", {}).get(spec)
         if alone is not None:
             at += f"; x264 + AAC alone on these frames {alone:.2f} s, {size / 1e6:.1f} MB"
+        rendered = o.get("segment_render_alone_s_by_config", {}).get(spec)
+        if rendered is not None:
+            at += f"; these chunks rendered alone {rendered:.2f} s"
         row(f"segment -> MP4 with audio, s (x264 {spec})", f"{sec_s:.2f}{at}")

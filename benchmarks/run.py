@@ -214,8 +214,8 @@ def main() -> dict[str, Any]:
             write_json(args.json, out)
 
     print("\n| engine | path | dense fps | TTFF ms | live TTFF ms (speech needed / after it) | 6.6 s -> MP4 s "
-          "| x264 + AAC alone on these frames, s (MB) |")
-    print("|---|---|---|---|---|---|---|")
+          "| x264 + AAC alone on these frames, s (MB) | these chunks rendered alone, s |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, sec in out["engines"].items():
         for path in ("ours", "reference"):
             r = sec.get(path)
@@ -225,8 +225,9 @@ def main() -> dict[str, Any]:
                 cfg = r.get("segment_mp4_config")
                 alone, size = (r.get(k, {}).get(cfg) for k in ("segment_encode_alone_s_by_config", "segment_mp4_bytes_by_config"))
                 enc = f"{alone:.2f} ({size / 1e6:.1f})" if alone is not None else "-"
+                rendered = r.get("segment_render_alone_s_by_config", {}).get(cfg)
                 print(f"| {name} | {path} | {r.get('dense_fps', float('nan')):.1f} | {r.get('ttff_ms', float('nan')):.1f} | {live} "
-                      f"| {r.get('segment_mp4_s', float('nan')):.2f} | {enc} |")
+                      f"| {r.get('segment_mp4_s', float('nan')):.2f} | {enc} | {'-' if rendered is None else f'{rendered:.2f}'} |")
     if out.get("concurrency"):
         print("\n| engine | live sessions all on time (most) | levels: sessions -> sustained, server fps | GPU MB / session |")
         print("|---|---|---|---|")

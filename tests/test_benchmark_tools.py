@@ -322,6 +322,9 @@ def test_the_benchmark_command_runs_an_engine_and_its_load_test_with_per_engine_
     config = ours["segment_mp4_config"]  # next to it: x264 + AAC alone on the frames the engine made
     assert ours["segment_encode_alone_s_by_config"][config] > 0 and ours["segment_mp4_bytes_by_config"][config] > 1000
     assert "x264 + AAC alone on these frames" in done.stdout
+    # and the same chunks rendered with nothing encoding: what the encoder's load costs the render
+    assert 0 < ours["segment_render_alone_s_by_config"][config] < 10 * ours["segment_mp4_s"], ours
+    assert f"| {ours['segment_render_alone_s_by_config'][config]:.2f} |" in done.stdout  # its column in the table
     load = d["concurrency"]["classic"]
     assert "--render-aheads 8 --stagger-s 0.2" in load["command"]
     assert [(r["sessions"], r["render_ahead"], r["errors"]) for r in load["rows"]] == [(1, 8, 0)], load["rows"]
