@@ -233,15 +233,15 @@ def yuv_planes_to_rgb(
     uvf = uv.to(torch.float32)
     c = yuv_coefficients(matrix, full_range)
     # Per output channel: the chroma term per 2x2 block (4x fewer multiplies than upsampling first),
-    # replicated over its block by a broadcast view, plus the luma term: scaled adds, no GEMV (as
-    # in the forward direction).
+    # broadcast over its block against Y seen as (H/2, 2, W/2, 2), plus the luma term: scaled adds,
+    # no GEMV and no upsampled copy (as in the forward direction).
     lead, (h2, w2) = uvf.shape[:-3], uvf.shape[-3:-1]
+    y_blocks = yf.reshape(*lead, h2, 2, w2, 2)
     channels = []
     for row, off in zip(c.inverse, c.inverse_offset):
         chroma = uvf[..., 0] * row[1]
         chroma.add_(uvf[..., 1], alpha=row[2]).add_(off)
-        block = chroma.reshape(*lead, h2, 1, w2, 1).expand(*lead, h2, 2, w2, 2).reshape(*lead, h, w)
-        channels.append(torch.add(block, yf, alpha=row[0]))
+        channels.append(torch.add(chroma[..., :, None, :, None], y_blocks, alpha=row[0]).reshape(*lead, h, w))
     return torch.stack(channels, dim=-1)
 
 
