@@ -369,6 +369,10 @@ def segment_mp4_figures(engine, packet, audio, fps: int, chunk: int, out_path: P
         return Mp4Writer(out_path, w, h, fps, audio=audio, pixel_input="nv12", **mp4_options(spec.rstrip("+")),
                          total_frames=total if told else None)
 
+    def chunks(ramp: str):
+        """The segment's NV12 chunks as `render` streams them, ``ramp``: ramp frames or ''."""
+        return stream_generator(engine, packet, audio, fps=fps, chunk_frames=chunk, output="nv12", ramp_frames=int(ramp or 0))
+
     def to_mp4(spec: str) -> tuple[float, float, float]:
         """(total s, first chunk in hand s, last chunk in hand s): the part after the last chunk is
         the encoder's tail, the span of the chunks is the render under the encoders' load."""
@@ -381,8 +385,7 @@ def segment_mp4_figures(engine, packet, audio, fps: int, chunk: int, out_path: P
             t0 = time.perf_counter()
             first = last = 0.0
             with writer(spec) as wr:
-                for ch in stream_generator(engine, packet, audio, fps=fps, chunk_frames=chunk, output="nv12",
-                                           ramp_frames=int(ramp or 0)):
+                for ch in chunks(ramp):
                     last = time.perf_counter() - t0
                     first = first or last
                     wr.write(ch["frames"], owned=True)  # fresh per chunk
@@ -395,9 +398,8 @@ def segment_mp4_figures(engine, packet, audio, fps: int, chunk: int, out_path: P
     def render_alone(spec: str) -> float:
         """Seconds to the last chunk in hand with the same chunks and nothing encoding: against the
         MP4 run's last chunk, how much the encoder threads slow the render (they share the cores)."""
-        ramp = spec_parts(spec)[1]
         t0 = time.perf_counter()
-        for _ in stream_generator(engine, packet, audio, fps=fps, chunk_frames=chunk, output="nv12", ramp_frames=int(ramp or 0)):
+        for _ in chunks(spec_parts(spec)[1]):
             pass
         return time.perf_counter() - t0
 

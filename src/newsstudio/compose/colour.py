@@ -191,13 +191,13 @@ def _planes_input(rgb: torch.Tensor | np.ndarray, matrix: Matrix, full_range: bo
     return x, yuv_coefficients(matrix, full_range)
 
 
-def _weighted_channels(x: torch.Tensor, row: tuple[float, float, float], offset: float, scale: float = 1.0) -> torch.Tensor:
-    """``scale * (row . x[..., c]) + offset`` over the last (RGB) axis, as scaled adds rather than a
-    (N, 3) x (3,) matmul: 4x faster on the CPU; on an H100 the two are within 0.1 ms per 32 ROIs
-    (704x704: 0.82 vs 0.91 ms; 256x320: 0.29 vs 0.23 ms; benchmarks/splice_cost.py)."""
+def _weighted_channels(x: torch.Tensor, row: tuple[float, ...], offset: float, scale: float = 1.0) -> torch.Tensor:
+    """``scale * (row . x[..., c]) + offset`` over the last axis (RGB, or UV going back), as scaled adds
+    rather than a (N, 3) x (3,) matmul: 4x faster on the CPU; on an H100 the two are within 0.1 ms per
+    32 ROIs (704x704: 0.82 vs 0.91 ms; 256x320: 0.29 vs 0.23 ms; benchmarks/splice_cost.py)."""
     out = x[..., 0] * (row[0] * scale)
-    out.add_(x[..., 1], alpha=row[1] * scale)
-    out.add_(x[..., 2], alpha=row[2] * scale)
+    for c in range(1, len(row)):
+        out.add_(x[..., c], alpha=row[c] * scale)
     return out.add_(offset)
 
 
@@ -239,8 +239,7 @@ def yuv_planes_to_rgb(
     y_blocks = yf.reshape(*lead, h2, 2, w2, 2)
     channels = []
     for row, off in zip(c.inverse, c.inverse_offset):
-        chroma = uvf[..., 0] * row[1]
-        chroma.add_(uvf[..., 1], alpha=row[2]).add_(off)
+        chroma = _weighted_channels(uvf, row[1:], off)
         channels.append(torch.add(chroma[..., :, None, :, None], y_blocks, alpha=row[0]).reshape(*lead, h, w))
     return torch.stack(channels, dim=-1)
 
