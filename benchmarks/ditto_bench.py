@@ -46,8 +46,8 @@ from newsstudio.accel.kernel_choice import forget_choices
 from newsstudio.engines.ditto.config import TINY_OPTIONS
 
 from .common import (add_engine_config_args, avatar, close_variant, fallback_count, kernel_choices, machine, media, median,
-                     official_cudnn_defaults, parse_variant, stream_rows, sync, timed, variant_list, weights_channels_last,
-                     write_json)
+                     official_cudnn_defaults, parse_variant, segment_mp4_figures, stream_rows, sync, timed, variant_list,
+                     weights_channels_last, write_json)
 
 H200_PEAK_TFLOPS = 776.0  # measured dense bf16/fp16 peak of our H200 (BRIEF section 4)
 QUICK_OPTIONS = dict(TINY_OPTIONS)  # the tests' developer architecture
@@ -137,11 +137,13 @@ def stride_psnr(dense, strided: dict[str, Any], packet, seconds: float, chunk: i
 
 def stride_figures(packet, device: torch.device, seconds: float, chunk: int, repeat: int, workdir: Path, *, stride: int,
                    mode: str, psnr_modes: list[str], dense_engine, engine_kwargs: dict[str, Any],
-                   mp4: str = "veryfast") -> dict[str, Any]:
-    """fps etc. of ``DittoEngine(stride=K)`` (same figures as "ours") and its PSNR vs dense."""
+                   mp4: str = "veryfast", device_rows: bool = False) -> dict[str, Any]:
+    """fps etc. of ``DittoEngine(stride=K)`` (same figures as "ours") and its PSNR vs dense;
+    ``device_rows``: the segment -> MP4 figures again with the renderer reading its rows on the
+    device (``rows_on_host = False``: one device sync per chunk, the path before host rows)."""
     from newsstudio.engines.ditto.engine import DittoEngine
 
-    from .run import engine_figures
+    from .run import engine_figures, segment_audio
 
     eng = DittoEngine(device, stride=stride, stride_mode=mode, **engine_kwargs)
     eng.load_avatar(packet)
@@ -153,6 +155,13 @@ def stride_figures(packet, device: torch.device, seconds: float, chunk: int, rep
     if device.type == "cuda":  # what this stride engine holds beyond what was allocated before it was warmed
         out["engine_memory_gb"] = torch.cuda.memory_allocated(device) / 1e9 - before_gb
         out["reserved_gb"] = torch.cuda.memory_reserved(device) / 1e9
+    if device_rows and device.type == "cuda" and eng.rows_on_host:
+        eng.rows_on_host = False
+        try:
+            out["device_rows"] = segment_mp4_figures(eng, packet, segment_audio(seconds), 25, chunk, workdir / "ditto_stride_segment.mp4",
+                                                     mp4, max(1, repeat // 2))
+        finally:
+            eng.rows_on_host = True
     engines = {m: (eng if m == mode else DittoEngine(device, stride=stride, stride_mode=m, **engine_kwargs)) for m in psnr_modes}
     print(f"[ditto] stride {stride}: PSNR vs dense for modes {list(engines)} ...", file=sys.stderr, flush=True)
     out["psnr"] = stride_psnr(dense_engine, engines, packet, seconds, chunk)
@@ -237,7 +246,8 @@ def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, 
                 steps: int = 4, compile: bool = False, salt: int = 0, official_repeat: int = 3,
                 peak_tflops: float | None = None, skip_reference: bool = False, stride: int = 1,
                 stride_mode: str = "mask", stride_psnr_modes: list[str] | None = None,
-                variants: list[str] | None = None, mp4: str = "veryfast", stride_accel: str | None = None) -> dict[str, Any]:
+                variants: list[str] | None = None, mp4: str = "veryfast", stride_accel: str | None = None,
+                stride_device_rows: bool = False) -> dict[str, Any]:
     """All Ditto figures for one avatar packet on one device: {"ours", "reference", "lmdm", "cold_start", ...}."""
     from newsstudio.engines.ditto.engine import DittoEngine
 
@@ -294,7 +304,7 @@ def run_section(packet, device, seconds: float | None, chunk: int, repeat: int, 
         out["stride"] = stride_figures(packet, device, seconds, chunk, repeat, workdir, stride=stride, mode=stride_mode,
                                        psnr_modes=stride_psnr_modes or [stride_mode], dense_engine=engine,
                                        engine_kwargs=dict(weights="random", salt=salt, steps=steps, accel=stride_accel or specs[0]["accel"], **opts),
-                                       mp4=mp4)
+                                       mp4=mp4, device_rows=stride_device_rows)
     print("[ditto] LMDM window timing ...", file=sys.stderr, flush=True)
     out["lmdm"] = lmdm_figures(engine.models.lmdm, device, steps, engine.config.overlap_v2, repeat=max(3, repeat * 3),
                                batch_windows=(2,) if quick else (16, 64, 256), accel=engine.front_end_accel)
@@ -364,6 +374,8 @@ def print_table(sec: dict[str, Any]) -> None:
         if "warm_up_s" in st:
             mem = f", {st['engine_memory_gb']:.1f} GB allocated by it ({st['reserved_gb']:.1f} GB reserved)" if "engine_memory_gb" in st else ""
             row(f"stride {k}: warm-up s (both runners' graphs){', memory' if mem else ''}", f"{st['warm_up_s']:.1f}{mem}")
+        if "device_rows" in st:
+            stream_rows(lambda label, *v: row(f"stride {k}, rows read on the device: {label}", *v), st["device_rows"])
         ps = st["psnr"]
         for mode in [m for m in ps if m != "frames"]:
             p = ps[mode]
@@ -402,6 +414,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--stride-mode", default="mask", help="interpolation of the stride run (mask, heatmap, blend, nearest)")
     ap.add_argument("--stride-psnr-modes", default="mask,heatmap,blend,nearest",
                     help="modes whose PSNR vs dense is measured (cheap: keyframes only)")
+    ap.add_argument("--stride-device-rows", action="store_true",
+                    help="A/B: the stride MP4 figures again with rows read on the device (one sync per chunk)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="CPU smoke test (see the module doc)")
@@ -422,7 +436,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                       compile=args.compile, salt=args.salt, official_repeat=args.official_repeat,
                       peak_tflops=args.peak_tflops, skip_reference=args.skip_reference, stride=args.stride,
                       stride_mode=args.stride_mode, variants=variant_list(args.variants), mp4=args.mp4, stride_accel=args.stride_accel,
-                      stride_psnr_modes=list(dict.fromkeys([args.stride_mode, *filter(None, args.stride_psnr_modes.split(","))])))
+                      stride_device_rows=args.stride_device_rows, stride_psnr_modes=list(dict.fromkeys([args.stride_mode, *filter(None, args.stride_psnr_modes.split(","))])))
     out["ditto"] = sec
     print_table(sec)
     write_json(args.json, out)

@@ -331,6 +331,35 @@ def test_runner_with_stride(video_packet):
     assert [c["num_frames"] for c in chunks] == [2, 2, 1] and s.frames == 3
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the host hand-over is a CUDA path")
+def test_stride_rows_come_on_the_host_on_cuda_and_render_the_same(video_packet):
+    """On CUDA the runner hands stride rows and source frames to the renderer on the host
+    (`Engine.rows_on_host`: it plans each batch on the CPU, and a device read there would wait for
+    the previous chunk's render): the very frames device rows give."""
+    e = DittoEngine("cuda", weights="random", stride=3, **OPTS)
+    seen: list[tuple[str, str]] = []
+    render = e._strider.render
+
+    def spy(layer, rows, idx):
+        seen.append((rows.device.type, idx.device.type))
+        return render(layer, rows, idx)
+
+    e._strider.render = spy
+    sr = 16000
+    pcm = (0.3 * np.sin(2 * np.pi * 180 * np.arange(int(0.3 * sr)) / sr)).astype(np.float32)[None]
+
+    def frames(on_host: bool) -> list[torch.Tensor]:
+        e.rows_on_host = on_host
+        seen.clear()
+        return [c["frames"] for c in stream_generator(e, video_packet, (pcm, sr), fps=25, chunk_frames=3)]
+
+    host = frames(True)
+    assert seen and set(seen) == {("cpu", "cpu")}
+    device = frames(False)
+    assert seen and set(seen) == {("cuda", "cuda")}
+    assert len(host) == len(device) and all(torch.equal(a, b) for a, b in zip(host, device))
+
+
 def test_options_are_checked():
     with pytest.raises(ValueError, match="stride must be an integer >= 1"):
         DittoEngine("cpu", weights="random", stride=0, **OPTS)

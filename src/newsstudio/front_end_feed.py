@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .accel.host_copy import to_host
 from .accel.own_stream import borrowed_stream
 from .audio.source import AudioSource, frames_for_samples
 
@@ -84,7 +85,9 @@ class FrontEndFeed:
                     n = drv.ready
                     rows = drv.take(n) if n else None
                     event = None
-                    if rows is not None and side is not None:
+                    if rows is not None and side is not None and self._session.engine.rows_on_host:
+                        rows = to_host(rows)  # waits for this stream's work only (base.Engine.rows_on_host)
+                    elif rows is not None and side is not None:
                         event = torch.cuda.Event()
                         event.record(side)
                     with self._cond:  # the end is published with the last rows, never before them

@@ -88,6 +88,7 @@ class StreamSession:
         self.render_wait_s = 0.0  # summed time inside render calls (the shared batch's queue and launch)
         self._compose_graphs: ComposeGraphs | None = None  # made at the first request that composes through graphs
         self._loop_index: torch.Tensor | None = None  # `_index`'s table
+        self._loop_index_host: torch.Tensor | None = None  # its CPU copy (`_host_index`)
         self.layer = layer
         self.background = background
         # once per session: each splice gathers its frames' rows
@@ -127,10 +128,21 @@ class StreamSession:
     def _compose_to_host(self, idx: torch.Tensor, output: Output, rois: torch.Tensor) -> tuple[torch.Tensor, "torch.cuda.Event | None"]:
         return to_host_async(self._compose(rois, idx, output))
 
+    def _host_index(self, frame_start: int, n: int) -> torch.Tensor:
+        """`_index` from a CPU copy of its table, for an engine that reads it there (`Engine.rows_on_host`)."""
+        idx = self._index(frame_start, n)
+        if self._loop_index_host is None or self._loop_index_host.shape[0] != self._loop_index.shape[0]:
+            self._loop_index_host = self._loop_index.cpu()  # once per table (one sync, at the first chunk)
+        s = frame_start % (2 * max(1, self.layer.n_frames))
+        return self._loop_index_host[s:s + idx.shape[0]]
+
     @torch.inference_mode()
     def render_frames(self, frame_start: int, driving: torch.Tensor, output: Output) -> torch.Tensor:
-        idx = self._index(frame_start, int(driving.shape[0]))
-        return self._compose(self._timed(self.renderer, self.layer, driving, idx), idx, output)
+        n = int(driving.shape[0])
+        idx = self._index(frame_start, n)
+        on_host = self.engine.rows_on_host and driving.device.type == "cpu" and idx.device.type != "cpu"
+        rois = self._timed(self.renderer, self.layer, driving, self._host_index(frame_start, n) if on_host else idx)
+        return self._compose(rois, idx, output)
 
     def _timed(self, render: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         """``render(*args, **kw)``, its time added to `render_wait_s` (a live session's render call

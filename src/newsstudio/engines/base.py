@@ -146,6 +146,11 @@ class Engine(ABC):
     sample_rate: int = 16000
     #: True when the weights are seeded random (benchmarks): outputs are marked as such
     random_weights: bool = False
+    #: True when `render` reads its driving rows' bookkeeping and its frame indices on the CPU
+    #: (Ditto's stride mode): a runner that can hand them over on the host (`FrontEndFeed` from its
+    #: own CUDA stream, `StreamSession` from a host copy of its loop table) spares the render
+    #: thread a device sync per call, which would wait for the previous chunk's render to finish
+    rows_on_host: bool = False
 
     def __init__(self, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
         self.device = torch.device(device)

@@ -248,6 +248,7 @@ class DittoEngine(Engine):
         self.stride = check_stride(stride, stride_mode)
         self.stride_mode = stride_mode
         self._strider = StrideRenderer(self, self.stride, stride_mode, DRIVING_DIM) if self.stride > 1 else None
+        self.rows_on_host = self._strider is not None  # its renderer plans each batch on the CPU (base.Engine)
         self._silence: dict[int, torch.Tensor] = {}
         self._layers: dict[str, AvatarLayer] = {}
         #: shared by the streams of a server (`use_motion_batcher`): their LMDM windows sample in one batch
@@ -426,8 +427,8 @@ class DittoEngine(Engine):
             for run in same_layer_runs(dense):
                 layer = dense[run[0]][0]
                 d = layer.data
-                idx = torch.cat([dense[j][2].to(dev) for j in run])
-                driving = torch.cat([dense[j][1].to(dev, torch.float32) for j in run])
+                idx = torch.cat([to_device(dense[j][2], dev) for j in run])  # host indices: no sync (rows_on_host)
+                driving = torch.cat([to_device(dense[j][1], dev, torch.float32) for j in run])
                 x_s, x_d = self.keypoints(layer, driving, idx)
                 src_idx = idx.to(d["f_s"].device)
                 f_s = d["f_s"].index_select(0, src_idx).to(dev, self.dtype, non_blocking=True)

@@ -79,6 +79,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ...accel.host_copy import tensor_on, to_device
 from ...compose.splice import sample_crops_to_roi
 from ..base import FrameQueue, QueuedStage, TensorFrameQueue
 
@@ -377,10 +378,14 @@ class StrideRenderer:
         eng = self.engine
         dev = eng.device
         with torch.inference_mode():
-            rows = rows.to(dev, torch.float32)
-            idx = frame_idx.to(dev)
             base = (rows.shape[1] - EXTRA) // 3
-            meta = torch.cat([rows[:, base : base + EXTRA], idx[:, None].to(torch.float32)], 1).tolist()  # one sync
+            # The batch is planned on the CPU from its bookkeeping columns and source frames: free when
+            # they come on the host (`Engine.rows_on_host`), else one sync, which waits for everything
+            # queued on this stream before (the previous batch's render too).
+            cols = rows[:, base : base + EXTRA].float()
+            meta = torch.cat([cols, frame_idx[:, None].to(cols.device, torch.float32)], 1).tolist()
+            rows = to_device(rows, dev, torch.float32)
+            idx = to_device(frame_idx, dev)
             keys = sorted({int(m[KEY_COL]) for m in meta})
             crops = None
             for key in keys:
@@ -391,7 +396,7 @@ class StrideRenderer:
                 else:
                     if crops is None:
                         crops = part.new_empty((rows.shape[0], *part.shape[1:]))
-                    crops[torch.tensor(sel, device=dev)] = part
+                    crops[tensor_on(sel, dev)] = part
             assert crops is not None
             grid = layer.data["grid"].index_select(0, idx.to(layer.data["grid"].device)).to(dev, non_blocking=True)
             return sample_crops_to_roi(crops.clamp_(0, 1).mul_(255.0), grid)
@@ -444,8 +449,8 @@ class StrideRenderer:
         if todo:
             order = sorted(todo)
             pool = torch.cat([rows[:, :base], rows[:, base + EXTRA : 2 * base + EXTRA], rows[:, 2 * base + EXTRA :]])
-            img, x_d, mask = self._render_keys(layer, pool.index_select(0, torch.tensor([todo[r] for r in order], device=dev)),
-                                               torch.tensor([r[1] for r in order], device=dev))
+            img, x_d, mask = self._render_keys(layer, pool.index_select(0, tensor_on([todo[r] for r in order], dev)),
+                                               tensor_on([r[1] for r in order], dev))
             for j, ref in enumerate(order):
                 table[ref] = KeyFrame(ref[1], img[j], x_d[j], None if mask is None else mask[j])
             with self._lock:
@@ -456,15 +461,15 @@ class StrideRenderer:
         shape = next(iter(table.values())).img.shape
         out = torch.empty((len(sel), *shape), device=dev, dtype=torch.float32)
         if kpos:
-            out[torch.tensor(kpos, device=dev)] = torch.stack([table[(ts[j], src[j])].img for j in kpos]).float()
+            out[tensor_on(kpos, dev)] = torch.stack([table[(ts[j], src[j])].img for j in kpos]).float()
         if ipos:
-            rsel = torch.tensor([sel[j] for j in ipos], device=dev)
+            rsel = tensor_on([sel[j] for j in ipos], dev)
             _, x_t = eng.keypoints(layer, rows.index_select(0, rsel)[:, :base], idx.index_select(0, rsel))
             ka = [table[a] for a, _ in links]
             kb = [table[b] for _, b in links]
-            w = torch.tensor([(ts[j] - ta[j]) / (tb[j] - ta[j]) for j in ipos], device=dev)
+            w = tensor_on([(ts[j] - ta[j]) / (tb[j] - ta[j]) for j in ipos], dev, torch.float32)
             use_mask = self.mode == "mask"
-            out[torch.tensor(ipos, device=dev)] = interpolate(
+            out[tensor_on(ipos, dev)] = interpolate(
                 torch.stack([k.img for k in ka]), torch.stack([k.img for k in kb]),
                 torch.stack([k.x_d for k in ka]), torch.stack([k.x_d for k in kb]), x_t, w,
                 feat_n=int(layer.data["f_s"].shape[-1]),
