@@ -128,9 +128,12 @@ class StreamSession:
     def _compose_to_host(self, idx: torch.Tensor, output: Output, rois: torch.Tensor) -> tuple[torch.Tensor, "torch.cuda.Event | None"]:
         return to_host_async(self._compose(rois, idx, output))
 
-    def _host_index(self, frame_start: int, n: int) -> torch.Tensor:
-        """`_index` from a CPU copy of its table, for an engine that reads it there (`Engine.rows_on_host`)."""
-        idx = self._index(frame_start, n)
+    def _render_index(self, frame_start: int, driving: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """The source frames to render ``driving`` on: ``idx`` (`_index`), or the same from a CPU copy
+        of its table when the engine reads them on the host and the rows came there (`Engine.rows_on_host`)."""
+        if not (self.engine.rows_on_host and driving.device.type == "cpu" and idx.device.type != "cpu"):
+            return idx
+        assert self._loop_index is not None
         if self._loop_index_host is None or self._loop_index_host.shape[0] != self._loop_index.shape[0]:
             self._loop_index_host = self._loop_index.cpu()  # once per table (one sync, at the first chunk)
         s = frame_start % (2 * max(1, self.layer.n_frames))
@@ -138,10 +141,8 @@ class StreamSession:
 
     @torch.inference_mode()
     def render_frames(self, frame_start: int, driving: torch.Tensor, output: Output) -> torch.Tensor:
-        n = int(driving.shape[0])
-        idx = self._index(frame_start, n)
-        on_host = self.engine.rows_on_host and driving.device.type == "cpu" and idx.device.type != "cpu"
-        rois = self._timed(self.renderer, self.layer, driving, self._host_index(frame_start, n) if on_host else idx)
+        idx = self._index(frame_start, int(driving.shape[0]))
+        rois = self._timed(self.renderer, self.layer, driving, self._render_index(frame_start, driving, idx))
         return self._compose(rois, idx, output)
 
     def _timed(self, render: Callable[..., Any], *args: Any, **kw: Any) -> Any:
@@ -165,10 +166,11 @@ class StreamSession:
         if mode == "session":
             return to_host_async(self.render_frames(frame_start, driving, output))
         idx = self._index(frame_start, int(driving.shape[0]))
+        ridx = self._render_index(frame_start, driving, idx)
         if mode == "worker":
-            return self._timed(b.render, self.layer, driving, idx, finish=partial(self._compose_to_host, idx, output))
+            return self._timed(b.render, self.layer, driving, ridx, finish=partial(self._compose_to_host, idx, output))
         side = b.compose_stream()
-        rois = self._timed(b.render_for_stream, side, self.layer, driving, idx)
+        rois = self._timed(b.render_for_stream, side, self.layer, driving, ridx)
         idx.record_stream(side)  # made on this thread's stream, read on the side stream below
         with torch.cuda.stream(side):
             if b.compose_graphs:  # the same compose in ~7 torch calls (compose/session_graphs.py)

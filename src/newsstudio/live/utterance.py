@@ -9,6 +9,7 @@ import numpy as np
 import soxr
 import torch
 
+from ..accel.host_copy import to_host
 from ..audio.source import frames_for_samples
 from ..audio.speech import MIN_SPEECH_S, speech_seconds
 from .errors import SessionError
@@ -83,6 +84,7 @@ class Utterance:
         self.streamed = streamed
         self.conditioner = eng.conditioner(float(session.fps))
         self.driver = eng.driver(session.layer, float(session.fps))
+        self._rows_on_host = eng.rows_on_host and eng.device.type == "cuda"
         self._to_model = None if self.src_rate == eng.sample_rate else soxr.ResampleStream(self.src_rate, eng.sample_rate, 1, dtype="float32", quality="HQ")
         self._to_out = None if self.src_rate == session.out_rate else soxr.ResampleStream(self.src_rate, session.out_rate, 1, dtype="float32", quality="HQ")
         self.out = _Pcm()
@@ -169,6 +171,8 @@ class Utterance:
         m = self.driver.ready
         if m:
             rows = self.driver.take(m)
+            if self._rows_on_host:  # the renderer plans on the CPU (Engine.rows_on_host): here, not on the render thread
+                rows = to_host(rows)
             with self._rows_lock:
                 self._driving.append(rows)
                 self._driving_count += m

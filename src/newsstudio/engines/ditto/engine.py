@@ -248,7 +248,9 @@ class DittoEngine(Engine):
         self.stride = check_stride(stride, stride_mode)
         self.stride_mode = stride_mode
         self._strider = StrideRenderer(self, self.stride, stride_mode, DRIVING_DIM) if self.stride > 1 else None
-        self.rows_on_host = self._strider is not None  # its renderer plans each batch on the CPU (base.Engine)
+        # its renderer plans each batch on the CPU (base.Engine); NEWSSTUDIO_STRIDE_ROWS=device: the rows stay on
+        # the device and each render reads them back (one sync; the A/B of benchmarks, e.g. a load test's server)
+        self.rows_on_host = self._strider is not None and os.environ.get("NEWSSTUDIO_STRIDE_ROWS", "host") != "device"
         self._silence: dict[int, torch.Tensor] = {}
         self._layers: dict[str, AvatarLayer] = {}
         #: shared by the streams of a server (`use_motion_batcher`): their LMDM windows sample in one batch
