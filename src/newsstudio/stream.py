@@ -88,7 +88,7 @@ class StreamSession:
         self.render_wait_s = 0.0  # summed time inside render calls (the shared batch's queue and launch)
         self._compose_graphs: ComposeGraphs | None = None  # made at the first request that composes through graphs
         self._loop_index: torch.Tensor | None = None  # `_index`'s table
-        self._loop_index_host: torch.Tensor | None = None  # its CPU copy (`_host_index`)
+        self._loop_index_host: torch.Tensor | None = None  # its CPU copy (`_render_index`)
         self.layer = layer
         self.background = background
         # once per session: each splice gathers its frames' rows
