@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -338,11 +339,22 @@ def test_stride_rows_come_on_the_host_on_cuda_and_render_the_same(video_packet):
     the previous chunk's render): the very frames device rows give."""
     e = DittoEngine("cuda", weights="random", stride=3, **OPTS)
     seen: list[tuple[str, str]] = []
+    syncs: list[str] = []
     render = e._strider.render
 
     def spy(layer, rows, idx):
         seen.append((rows.device.type, idx.device.type))
-        return render(layer, rows, idx)
+        if len(seen) == 1 or rows.device.type != "cpu":  # the first render captures the runners' graphs
+            return render(layer, rows, idx)
+        torch.cuda.set_sync_debug_mode("warn")  # every synchronising CUDA call warns (on this thread's warnings)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                out = render(layer, rows, idx)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        syncs.extend(str(w.message) for w in caught if "synchroniz" in str(w.message).lower())
+        return out
 
     e._strider.render = spy
     sr = 16000
@@ -355,6 +367,7 @@ def test_stride_rows_come_on_the_host_on_cuda_and_render_the_same(video_packet):
 
     host = frames(True)
     assert seen and set(seen) == {("cpu", "cpu")}
+    assert not syncs, syncs[:3]  # planned on the host: nothing waits for the GPU
     device = frames(False)
     assert seen and set(seen) == {("cuda", "cuda")}
     assert len(host) == len(device) and all(torch.equal(a, b) for a, b in zip(host, device))
