@@ -9,7 +9,7 @@ timeout ${L:-300} python -m benchmarks.ditto_bench --skip-reference --variants c
   --json $OUT/ditto_stride8_mp4.json > $OUT/ditto_stride8_mp4.log 2>&1; echo "bench rc $? at $SECONDS s"
 grep -v WARNING $OUT/ditto_stride8_mp4.log | grep "MP4\|stride 8\|dense fps\|first frame" | tail -12
 for ROWS in host device; do
-  left=$((585 - SECONDS)); [ $left -lt 60 ] && break
+  left=$((${END:-585} - SECONDS)); [ $left -lt 60 ] && break
   NEWSSTUDIO_STRIDE_ROWS=$ROWS timeout -s ABRT $(( left < 150 ? left : 150 )) python -X faulthandler -m benchmarks.load_test \
     --engine ditto --fps 30 --weights random --size 1080 --accel compile+cudagraph --client-processes 4 --render-aheads 8 \
     --render-leads 0.15 --send-on-clock on --warm-up-s 5 --duration 30 --sessions ${S:-12} --ditto-stride ${K:-4} \
