@@ -25,6 +25,8 @@ avatar (the yongen loop prebaked at --size):
   frames and over the interpolated frames only, for every interpolation mode (``--stride-psnr-modes``).
   With seeded weights the decoder saturates ~99% of pixels and the seeded keypoints jump tens of times
   more per frame than a talking head's, so this figure is far below what real weights give (stride.py doc).
+  ``--stride-device-rows`` (CUDA) times its segment -> MP4 again with the renderer reading its rows back from
+  the device (``rows_on_host = False``, the path before the forty-third session): the host hand-over's A/B.
 
 ``--quick`` (CPU): 0.2 s of audio and the developer architecture (``config.TINY_OPTIONS``: 128 inputs,
 256 crops, a 2-layer HuBERT, quarter-width image networks), so the whole section runs in a few
