@@ -338,13 +338,14 @@ def test_stride_rows_come_on_the_host_on_cuda_and_render_the_same(video_packet):
     (`Engine.rows_on_host`: it plans each batch on the CPU, and a device read there would wait for
     the previous chunk's render): the very frames device rows give."""
     e = DittoEngine("cuda", weights="random", stride=3, **OPTS)
+    e.warm_up()  # every bucket captured now: a capture inside a render would synchronise
     seen: list[tuple[str, str]] = []
     syncs: list[str] = []
     render = e._strider.render
 
     def spy(layer, rows, idx):
         seen.append((rows.device.type, idx.device.type))
-        if len(seen) == 1 or rows.device.type != "cpu":  # the first render captures the runners' graphs
+        if len(seen) == 1 or rows.device.type != "cpu":  # the first render of a stream: one-time set-up
             return render(layer, rows, idx)
         torch.cuda.set_sync_debug_mode("warn")  # every synchronising CUDA call warns (on this thread's warnings)
         try:
