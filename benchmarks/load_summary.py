@@ -19,7 +19,10 @@ def level_line(r: dict) -> str:
         v = r.get(key)
         return "-" if v is None else f"{v:.1f}"
 
-    stride = f" | Ditto stride {r['ditto_stride']}" if (r.get("ditto_stride") or 1) > 1 else ""
+    stride = ""
+    if (r.get("ditto_stride") or 1) > 1:
+        where = {True: ", rows on the host", False: ", rows on the device"}.get(r.get("stride_rows_on_host"), "")
+        stride = f" | Ditto stride {r['ditto_stride']}{where}"
     return (f"{r['sessions']} sessions{stride} | batch graphs {r.get('batch_graphs')} | compose graphs {r.get('compose_graphs')} | socket writes {r.get('ws_socket_writes')} | "
             f"on time {r['sustained']} of {r['sessions']} | errors {r['errors']} | server fps {r['server_fps']:.1f} | "
             f"fps min {r['fps_min']:.1f} | jitter p95 {ms('jitter_p95_ms')} ms | batch {ms('batch_frames_mean')} frames "

@@ -728,7 +728,18 @@ SERVER_SETTINGS: tuple[tuple[str, Callable[[Any, Any], Any]], ...] = (
     ("ws_socket_writes", lambda cfg, state: cfg.ws_socket_writes),
     ("speech_push_interval_ms", lambda cfg, state: cfg.speech_push_interval_s * 1e3),
     ("ditto_stride", lambda cfg, state: cfg.ditto_stride),
+    ("stride_rows_on_host", lambda cfg, state: stride_rows_on_host(cfg)),
 )
+
+
+def stride_rows_on_host(server_cfg) -> bool | None:
+    """Where the server's stride-mode Ditto sessions hand their rows over (None without stride mode):
+    the A/B of ``NEWSSTUDIO_STRIDE_ROWS`` (engines/ditto/engine.py)."""
+    if (server_cfg.ditto_stride or 1) <= 1:
+        return None
+    from newsstudio.engines.ditto.engine import stride_rows_on_host as on_host
+
+    return on_host()
 
 
 def server_settings_row(server_cfg, server_state) -> dict:

@@ -181,7 +181,8 @@ def test_the_load_test_runs_ditto_stride_levels_and_refuses_a_stride_it_would_no
     from newsstudio.server.state import ServerConfig
 
     row = server_settings_row(ServerConfig(ditto_stride=4), None)
-    assert row["ditto_stride"] == 4
+    assert row["ditto_stride"] == 4 and row["stride_rows_on_host"] is True
+    assert server_settings_row(ServerConfig(), None)["stride_rows_on_host"] is None
     check_ditto_stride(SimpleNamespace(ditto_stride=4, ditto_stride_mode="mask", engine="ditto", url=None))
     for bad in (dict(ditto_stride=0), dict(ditto_stride_mode="warp"), dict(engine="musetalk"), dict(url="http://x")):
         args = dict(ditto_stride=4, ditto_stride_mode="mask", engine="ditto", url=None) | bad
@@ -192,6 +193,8 @@ def test_the_load_test_runs_ditto_stride_levels_and_refuses_a_stride_it_would_no
     line = level_line(level)
     assert line.startswith("8 sessions | Ditto stride 4 |") and "GPU MB before/peak/after 1.0/3.0/1.5" in line, line
     assert "stride" not in level_line(level | dict(ditto_stride=1))
+    for on_host, words in ((True, "rows on the host"), (False, "rows on the device")):  # the A/B's two halves
+        assert level_line(level | dict(stride_rows_on_host=on_host)).startswith(f"8 sessions | Ditto stride 4, {words} |")
     cmd = [sys.executable, "-m", "benchmarks.load_test", "--engine", "classic", "--ditto-stride", "2", "--sessions", "1"]
     done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "--ditto-stride needs --engine ditto" in done.stderr, done.stderr[-500:]

@@ -130,6 +130,13 @@ HUBERT_BATCH = 8  # audio windows per HuBERT call of one stream (5 frames each)
 HUBERT_BUCKET_MAX = 32  # windows per call when a server's streams share it
 
 
+def stride_rows_on_host() -> bool:
+    """Whether stride-mode engines made now take their rows on the host (`Engine.rows_on_host`): yes, unless
+    ``NEWSSTUDIO_STRIDE_ROWS=device`` (the rows stay on the device and each render reads them back: one
+    sync; the benchmarks' A/B, e.g. a load test's in-process server)."""
+    return os.environ.get("NEWSSTUDIO_STRIDE_ROWS", "host") != "device"
+
+
 class DittoEngine(Engine):
     """Ditto (PyTorch release) on one device.
 
@@ -248,9 +255,7 @@ class DittoEngine(Engine):
         self.stride = check_stride(stride, stride_mode)
         self.stride_mode = stride_mode
         self._strider = StrideRenderer(self, self.stride, stride_mode, DRIVING_DIM) if self.stride > 1 else None
-        # its renderer plans each batch on the CPU (base.Engine); NEWSSTUDIO_STRIDE_ROWS=device: the rows stay on
-        # the device and each render reads them back (one sync; the A/B of benchmarks, e.g. a load test's server)
-        self.rows_on_host = self._strider is not None and os.environ.get("NEWSSTUDIO_STRIDE_ROWS", "host") != "device"
+        self.rows_on_host = self._strider is not None and stride_rows_on_host()  # its renderer plans on the CPU (base.Engine)
         self._silence: dict[int, torch.Tensor] = {}
         self._layers: dict[str, AvatarLayer] = {}
         #: shared by the streams of a server (`use_motion_batcher`): their LMDM windows sample in one batch
