@@ -165,11 +165,8 @@ def stride_figures(packet, device: torch.device, seconds: float, chunk: int, rep
         finally:
             eng.rows_on_host = True
         for name, fig in (("host rows", out["ours"]), ("device rows", out["device_rows"])):  # now: a cut-short run keeps them
-            for spec, sec in fig["segment_mp4_s_by_config"].items():
-                ph = fig["segment_mp4_phases_by_config"][spec]
-                print(f"[ditto] stride {stride} MP4, {name}, x264 {spec}: {sec:.3f} s (chunks in hand {ph['first_chunk_s']:.3f}-"
-                      f"{ph['last_chunk_s']:.3f} s; rendered alone {fig['segment_render_alone_s_by_config'][spec]:.3f} s)",
-                      file=sys.stderr, flush=True)
+            stream_rows(lambda label, value, *_: print(f"[ditto] stride {stride}, {name}: {label}: {value}", file=sys.stderr,
+                                                       flush=True), fig)
     engines = {m: (eng if m == mode else DittoEngine(device, stride=stride, stride_mode=m, **engine_kwargs)) for m in psnr_modes}
     print(f"[ditto] stride {stride}: PSNR vs dense for modes {list(engines)} ...", file=sys.stderr, flush=True)
     out["psnr"] = stride_psnr(dense_engine, engines, packet, seconds, chunk)

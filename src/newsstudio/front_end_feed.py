@@ -85,11 +85,12 @@ class FrontEndFeed:
                     n = drv.ready
                     rows = drv.take(n) if n else None
                     event = None
-                    if rows is not None and side is not None and self._session.engine.rows_on_host:
-                        rows = to_host(rows)  # waits for this stream's work only (base.Engine.rows_on_host)
-                    elif rows is not None and side is not None:
-                        event = torch.cuda.Event()
-                        event.record(side)
+                    if rows is not None and side is not None:
+                        if self._session.engine.rows_on_host:
+                            rows = to_host(rows)  # waits for this stream's work only (base.Engine.rows_on_host)
+                        else:
+                            event = torch.cuda.Event()
+                            event.record(side)
                     with self._cond:  # the end is published with the last rows, never before them
                         if rows is not None:
                             self._pending.append((rows, event))

@@ -104,15 +104,22 @@ class StreamSession:
         if n:
             self.driver.push(self.conditioner.take(n))
 
-    def _index(self, frame_start: int, n: int) -> torch.Tensor:
+    def _index(self, frame_start: int, n: int, on_host: bool = False) -> torch.Tensor:
         """Avatar frames of output frames [frame_start, +n): a slice of the ping-pong loop's index
-        table (no kernel; the table is made once, longer if a request outgrows it)."""
+        table (no kernel; the table is made once, longer if a request outgrows it); ``on_host``: of
+        the table's CPU copy, made once per table (one sync, at its first use)."""
         period = 2 * max(1, self.layer.n_frames)
         if self._loop_index is None or self._loop_index.shape[0] < period + n:  # any window is one slice
             length = period + max(period, n, 64)
             self._loop_index = pingpong_index(torch.arange(length, device=self.layer.device), self.layer.n_frames)
+            self._loop_index_host = None
+        table = self._loop_index
+        if on_host:
+            if self._loop_index_host is None:
+                self._loop_index_host = self._loop_index.cpu()
+            table = self._loop_index_host
         s = frame_start % period
-        return self._loop_index[s:s + n]
+        return table[s:s + n]
 
     @torch.inference_mode()
     def _compose(self, rois: torch.Tensor, idx: torch.Tensor, output: Output) -> torch.Tensor:
@@ -129,15 +136,11 @@ class StreamSession:
         return to_host_async(self._compose(rois, idx, output))
 
     def _render_index(self, frame_start: int, driving: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        """The source frames to render ``driving`` on: ``idx`` (`_index`), or the same from a CPU copy
-        of its table when the engine reads them on the host and the rows came there (`Engine.rows_on_host`)."""
-        if not (self.engine.rows_on_host and driving.device.type == "cpu" and idx.device.type != "cpu"):
-            return idx
-        assert self._loop_index is not None
-        if self._loop_index_host is None or self._loop_index_host.shape[0] != self._loop_index.shape[0]:
-            self._loop_index_host = self._loop_index.cpu()  # once per table (one sync, at the first chunk)
-        s = frame_start % (2 * max(1, self.layer.n_frames))
-        return self._loop_index_host[s:s + idx.shape[0]]
+        """The source frames to render ``driving`` on: ``idx`` (`_index`), or the same on the CPU when
+        the engine reads them there and the rows came there (`Engine.rows_on_host`)."""
+        if self.engine.rows_on_host and driving.device.type == "cpu" and idx.device.type != "cpu":
+            return self._index(frame_start, int(idx.shape[0]), on_host=True)
+        return idx
 
     @torch.inference_mode()
     def render_frames(self, frame_start: int, driving: torch.Tensor, output: Output) -> torch.Tensor:

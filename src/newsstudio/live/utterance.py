@@ -84,7 +84,7 @@ class Utterance:
         self.streamed = streamed
         self.conditioner = eng.conditioner(float(session.fps))
         self.driver = eng.driver(session.layer, float(session.fps))
-        self._rows_on_host = eng.rows_on_host and eng.device.type == "cuda"
+        self._rows_on_host = eng.rows_on_host  # (to_host leaves CPU rows as they are)
         self._to_model = None if self.src_rate == eng.sample_rate else soxr.ResampleStream(self.src_rate, eng.sample_rate, 1, dtype="float32", quality="HQ")
         self._to_out = None if self.src_rate == session.out_rate else soxr.ResampleStream(self.src_rate, session.out_rate, 1, dtype="float32", quality="HQ")
         self.out = _Pcm()
