@@ -130,6 +130,15 @@ HUBERT_BATCH = 8  # audio windows per HuBERT call of one stream (5 frames each)
 HUBERT_BUCKET_MAX = 32  # windows per call when a server's streams share it
 
 
+def _column_spans(widths: dict[str, int]) -> dict[str, tuple[int, int]]:
+    """Each key's (start, end) columns when arrays of these widths sit side by side, in this order."""
+    spans, a = {}, 0
+    for k, w in widths.items():
+        spans[k] = (a, a + w)
+        a += w
+    return spans
+
+
 def stride_rows_on_host() -> bool:
     """Whether stride-mode engines made now take their rows on the host (`Engine.rows_on_host`): yes, unless
     ``NEWSSTUDIO_STRIDE_ROWS=device`` (the rows stay on the device and each render reads them back: one
@@ -327,6 +336,9 @@ class DittoEngine(Engine):
             "f_s": f_s,
             "grid": grid,
             "x_s_info": x_s_info,
+            # the same rows side by side, so a batch gathers its source frames' motion in one index_select
+            "x_s_info_rows": torch.cat([x_s_info[k].reshape(n, -1) for k in INFO_KEYS], 1),
+            "x_s_info_spans": _column_spans({k: x_s_info[k].reshape(n, -1).shape[1] for k in INFO_KEYS}),
             "x_s": transform_info(x_s_info).to(torch.float32),  # (N, 21, 3) source keypoints per frame
             "kp_cond": source_kp_cond(x_s_info).to(dev, torch.float32),
             "sc": packet.tensor("ditto/sc").to(dev, torch.float32).reshape(1, 63),
@@ -402,14 +414,15 @@ class DittoEngine(Engine):
         rows = torch.where(idle[:, None], d["rest_row"], rows)
         x_src = d["x_s"].index_select(0, idx)
         info = d["x_s_info"]
-        x_s_info = info if layer.n_frames == 1 else {k: v.index_select(0, idx) for k, v in info.items()}
+        if layer.n_frames > 1:
+            picked = d["x_s_info_rows"].index_select(0, idx)
+            info = {k: picked[:, a:b] for k, (a, b) in d["x_s_info_spans"].items()}
         with d["stitch_lock"]:
             st: MotionStitcher = d["stitcher"]
             st.d0 = motion_rows_to_info(rows[:, MOTION_DIM : 2 * MOTION_DIM]) if self.config.relative_d else None
             st.blink_rows = rows[:, 2 * MOTION_DIM].round() if st.delta_eye_arr is not None and st.drive_eye else None
-            res = st(x_s_info, motion_rows_to_info(rows[:, :MOTION_DIM]))
-        keep = idle[:, None, None]
-        return torch.where(keep, x_src, res.x_s.expand_as(x_src)), torch.where(keep, x_src, res.x_d)
+            res = st(info, motion_rows_to_info(rows[:, :MOTION_DIM]), kp_s=x_src)
+        return x_src, torch.where(idle[:, None, None], x_src, res.x_d)
 
     def render(self, layer: AvatarLayer, driving: torch.Tensor, frame_idx: torch.Tensor) -> torch.Tensor:
         return self.render_many([(layer, driving, frame_idx)])[0]

@@ -79,20 +79,52 @@ def source_kp_cond(x_s_info: Mapping[str, Tensor]) -> Tensor:
 # -- geometry ----------------------------------------------------------------------------------------
 
 
+_BIN_INDEX: dict[tuple[str, torch.dtype], Tensor] = {}
+
+
+def _bin_index(device: torch.device, dtype: torch.dtype) -> Tensor:
+    """[0..65] on the device, made once per device and dtype (not one arange per call)."""
+    key = (str(device), dtype)
+    if key not in _BIN_INDEX:
+        _BIN_INDEX[key] = torch.arange(66, device=device, dtype=dtype)
+    return _BIN_INDEX[key]
+
+
 def bin66_to_degree(logits: Tensor) -> Tensor:
-    """Expected angle in degrees [N] of 66-bin logits [N, 66]: softmax · [0..65] · 3 − 97.5."""
-    idx = torch.arange(66, device=logits.device, dtype=logits.dtype)
-    return (torch.softmax(logits, dim=-1) * idx).sum(dim=-1) * 3 - 97.5
+    """Expected angle in degrees [...] of 66-bin logits [..., 66]: softmax · [0..65] · 3 − 97.5.
+    Rows are independent, so three poses stacked as [N, 3, 66] cost one pass, not three."""
+    return (torch.softmax(logits, dim=-1) * _bin_index(logits.device, logits.dtype)).sum(dim=-1) * 3 - 97.5
+
+
+def poses_to_degrees(pitch: Tensor, yaw: Tensor, roll: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """`bin66_to_degree` of three poses' logits [N, 66] each, in one pass: [N] each."""
+    pitch_deg, yaw_deg, roll_deg = bin66_to_degree(torch.stack([pitch, yaw, roll], dim=1)).unbind(1)
+    return pitch_deg, yaw_deg, roll_deg
+
+
+# Each axis's rotation as 9 picks from [0, 1, cos, sin, −sin] of its angle: Rx, Ry, Rz (row major).
+_ROTATION_PICKS = ((1, 0, 0, 0, 2, 4, 0, 3, 2), (2, 0, 3, 0, 1, 0, 4, 0, 2), (2, 4, 0, 3, 2, 0, 0, 0, 1))
+_PICKS: dict[str, Tensor] = {}
+
+
+def _rotation_picks(device: torch.device) -> Tensor:
+    key = str(device)
+    if key not in _PICKS:
+        _PICKS[key] = torch.tensor(_ROTATION_PICKS, device=device)[None]  # [1, 3, 9]
+    return _PICKS[key]
 
 
 def rotation_matrix(pitch: Tensor, yaw: Tensor, roll: Tensor) -> Tensor:
-    """(Rz(roll)·Ry(yaw)·Rx(pitch))ᵀ [N, 3, 3] from angles in degrees [N]."""
-    x, y, z = (a.reshape(-1) / 180 * math.pi for a in (pitch, yaw, roll))
-    one, zero = torch.ones_like(x), torch.zeros_like(x)
-    rx = torch.stack([one, zero, zero, zero, x.cos(), -x.sin(), zero, x.sin(), x.cos()], -1).view(-1, 3, 3)
-    ry = torch.stack([y.cos(), zero, y.sin(), zero, one, zero, -y.sin(), zero, y.cos()], -1).view(-1, 3, 3)
-    rz = torch.stack([z.cos(), -z.sin(), zero, z.sin(), z.cos(), zero, zero, zero, one], -1).view(-1, 3, 3)
-    return (rz @ ry @ rx).transpose(1, 2)
+    """(Rz(roll)·Ry(yaw)·Rx(pitch))ᵀ [N, 3, 3] from angles in degrees [N].
+
+    The three axes' matrices are gathered from one table of their angles' sines and cosines: ~13
+    small ops for a batch instead of ~45 (one kernel launch each on a GPU, in every render call)."""
+    ang = torch.stack([a.reshape(-1) for a in (pitch, yaw, roll)], dim=-1) / 180 * math.pi  # [N, 3]
+    c, s = ang.cos(), ang.sin()
+    table = torch.stack([torch.zeros_like(c), torch.ones_like(c), c, s, -s], dim=-1)  # [N, 3, 5]
+    n = ang.shape[0]
+    m = table.gather(2, _rotation_picks(ang.device).expand(n, -1, -1)).view(n, 3, 3, 3)
+    return (m[:, 2] @ m[:, 1] @ m[:, 0]).transpose(1, 2)
 
 
 def transform_keypoint(kp: Tensor, pitch_deg: Tensor, yaw_deg: Tensor, roll_deg: Tensor, t: Tensor, exp: Tensor, scale: Tensor) -> Tensor:
@@ -106,7 +138,10 @@ def transform_keypoint(kp: Tensor, pitch_deg: Tensor, yaw_deg: Tensor, roll_deg:
 
 def transform_info(info: Mapping[str, Tensor]) -> Tensor:
     """``transform_keypoint`` of a motion dict whose poses are logits [N, 66] or degrees [N]."""
-    deg = [info[k] if info[k].shape[-1] != 66 else bin66_to_degree(info[k]) for k in POSE_KEYS]
+    if all(info[k].shape[-1] == 66 for k in POSE_KEYS):
+        deg: Sequence[Tensor] = poses_to_degrees(*(info[k] for k in POSE_KEYS))
+    else:
+        deg = [info[k] if info[k].shape[-1] != 66 else bin66_to_degree(info[k]) for k in POSE_KEYS]
     return transform_keypoint(info["kp"], *deg, info["t"], info["exp"], info["scale"])
 
 
@@ -178,20 +213,47 @@ class StitchResult:
 
 
 class _Pose:
-    """A pose angle per frame as logits [N, 66] or, where ``is_deg``, degrees ``deg`` [N]."""
+    """A pose angle per frame as logits [N, 66] or, where ``is_deg``, degrees ``deg`` [N]. Until a
+    control sets degrees on some frame (rare), neither ``deg`` nor ``is_deg`` is made: no device
+    tensors allocated and no ``where`` per render call."""
 
     def __init__(self, logits: Tensor) -> None:
         self.logits = logits
-        self.deg = torch.zeros(logits.shape[0], device=logits.device, dtype=logits.dtype)
-        self.is_deg = torch.zeros(logits.shape[0], device=logits.device, dtype=torch.bool)
+        self._deg: Tensor | None = None
+        self._is_deg: Tensor | None = None
 
-    def degrees(self) -> Tensor:
-        return torch.where(self.is_deg, self.deg, bin66_to_degree(self.logits))
+    @property
+    def deg(self) -> Tensor:
+        if self._deg is None:
+            self._deg = torch.zeros(self.logits.shape[0], device=self.logits.device, dtype=self.logits.dtype)
+        return self._deg
+
+    @deg.setter
+    def deg(self, value: Tensor) -> None:
+        self._deg = value
+
+    @property
+    def is_deg(self) -> Tensor:
+        if self._is_deg is None:
+            self._is_deg = torch.zeros(self.logits.shape[0], device=self.logits.device, dtype=torch.bool)
+        return self._is_deg
+
+    @is_deg.setter
+    def is_deg(self, value: Tensor) -> None:
+        self._is_deg = value
 
     def select(self, i: int) -> "_Pose":
         p = _Pose(self.logits[i : i + 1].clone())
-        p.deg, p.is_deg = self.deg[i : i + 1].clone(), self.is_deg[i : i + 1].clone()
+        if self._is_deg is not None:
+            p.deg, p.is_deg = self.deg[i : i + 1].clone(), self.is_deg[i : i + 1].clone()
         return p
+
+
+def _pose_degrees(poses: Sequence[_Pose]) -> list[Tensor]:
+    """Degrees [N] of each pose: its logits' expected angle (the three in one pass), or its degrees
+    on the frames that carry them."""
+    from_logits = poses_to_degrees(*(p.logits for p in poses))
+    return [d if p._is_deg is None else torch.where(p._is_deg, p.deg, d) for p, d in zip(poses, from_logits)]
 
 
 _ROW_MASKS: dict[tuple, Tensor] = {}
@@ -320,11 +382,12 @@ class MotionStitcher:
 
     @staticmethod
     def _ctrl_column(ctrls: Sequence[Mapping[str, object]], key: str, default: float, like: Tensor) -> tuple[Tensor, Tensor, bool]:
-        """(values [n], present [n] bool, any present) of one ctrl kwarg over the frames; when no
-        frame carries it, nothing is built on the device (the common case costs no upload)."""
+        """(values [n], present [n] bool, True) of one ctrl kwarg over the frames; when no frame
+        carries it (the common case), ``(like, like, False)`` and nothing is built on the device: the
+        caller uses the columns only when some frame carries the key."""
         has = [key in c for c in ctrls]
         if not any(has):
-            return like.new_full((len(ctrls),), default), torch.zeros(len(ctrls), dtype=torch.bool, device=like.device), False
+            return like, like, False
         vals = [float(c.get(key, default)) for c in ctrls]  # type: ignore[arg-type]
         return torch.tensor(vals, device=like.device, dtype=like.dtype), torch.tensor(has, device=like.device), True
 
@@ -333,6 +396,7 @@ class MotionStitcher:
         x_s_info: Mapping[str, Tensor],
         x_d_info: Mapping[str, Tensor],
         ctrl: Sequence[Mapping[str, object]] | None = None,
+        kp_s: Tensor | None = None,
     ) -> StitchResult:
         """Keypoints for a block of n consecutive frames.
 
@@ -340,6 +404,8 @@ class MotionStitcher:
         or [1, …] (shared). x_d_info: driving dict from :func:`motion_rows_to_info`, entries
         [n, …]. ctrl: per-frame ctrl kwargs (fade_alpha, fade_out_keys, vad_alpha,
         delta_/alpha_ pitch|yaw|roll, delta_exp); ``overall_ctrl_info`` fills missing keys.
+        kp_s: the source keypoints [n, 21, 3] (``transform_info(x_s_info)``) where the caller keeps
+        them per source frame (the engine does): not made again on every call.
         """
         n = next(iter(x_d_info.values())).shape[0]
         ctrls = [dict(c) for c in (ctrl if ctrl is not None else [{}] * n)]
@@ -384,13 +450,15 @@ class MotionStitcher:
             self._set_fade_dst(x_d, poses)
         self._fade(x_s, x_d, poses, ctrls)
 
-        pitch_deg, yaw_deg, roll_deg = (poses[k].degrees() for k in POSE_KEYS)
+        pitch_deg, yaw_deg, roll_deg = _pose_degrees([poses[k] for k in POSE_KEYS])
         if self.drive_eye:
             if self.pose_s is None:
                 self.pose_s = (bin66_to_degree(x_s["yaw"][:1]), bin66_to_degree(x_s["pitch"][:1]))
             x_d["exp"] = _fix_gaze(x_d["exp"], yaw_deg, pitch_deg, *self.pose_s)
 
-        if self.x_s_cache is not None:
+        if kp_s is not None:
+            kp_s = kp_s.expand(n, -1, -1)
+        elif self.x_s_cache is not None:
             kp_s = self.x_s_cache.expand(n, -1, -1)
         else:
             kp_s = transform_info(x_s)

@@ -145,11 +145,23 @@ def warp_by_keypoints(img: torch.Tensor, kp_to: torch.Tensor, kp_from: torch.Ten
         flow = keypoint_flow(kp_to, kp_from, feat_n, res=min(FLOW_RES, h), **flow_kw)
     if flow.shape[-2:] != (h, w):
         flow = F.interpolate(flow, size=(h, w), mode="bilinear", align_corners=False)
-    ys = (torch.arange(h, device=img.device, dtype=torch.float32) + 0.5) / h * 2 - 1
-    xs = (torch.arange(w, device=img.device, dtype=torch.float32) + 0.5) / w * 2 - 1
-    gy, gx = torch.meshgrid(ys, xs, indexing="ij")
-    grid = torch.stack([gx, gy], dim=-1)[None] + flow.permute(0, 2, 3, 1) * ((feat_n - 1) / feat_n)
+    grid = _pixel_centres(h, w, img.device) + flow.permute(0, 2, 3, 1) * ((feat_n - 1) / feat_n)
     return F.grid_sample(img.float(), grid, mode=sample, padding_mode="border", align_corners=False)
+
+
+_CENTRES: dict[tuple[int, int, str], torch.Tensor] = {}
+
+
+def _pixel_centres(h: int, w: int, device: torch.device) -> torch.Tensor:
+    """(1, h, w, 2) normalised (x, y) of the pixel centres (align_corners=False), made once per size and
+    device: a dozen small ops fewer in every stride render call."""
+    key = (h, w, str(device))
+    if key not in _CENTRES:
+        ys = (torch.arange(h, device=device, dtype=torch.float32) + 0.5) / h * 2 - 1
+        xs = (torch.arange(w, device=device, dtype=torch.float32) + 0.5) / w * 2 - 1
+        gy, gx = torch.meshgrid(ys, xs, indexing="ij")
+        _CENTRES[key] = torch.stack([gx, gy], dim=-1)[None]
+    return _CENTRES[key]
 
 
 def interpolate(img_a: torch.Tensor, img_b: torch.Tensor, kp_a: torch.Tensor, kp_b: torch.Tensor,
