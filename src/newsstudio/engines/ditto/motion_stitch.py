@@ -110,7 +110,7 @@ _PICKS: dict[str, Tensor] = {}
 def _rotation_picks(device: torch.device) -> Tensor:
     key = str(device)
     if key not in _PICKS:
-        _PICKS[key] = torch.tensor(_ROTATION_PICKS, device=device)[None]  # [1, 3, 9]
+        _PICKS[key] = tensor_on(_ROTATION_PICKS, device, torch.int64)[None]  # [1, 3, 9]; no synchronising upload
     return _PICKS[key]
 
 
