@@ -522,7 +522,7 @@ def test_speech_intake_merges_what_queued_keeps_order_and_bounds_the_backlog(eng
 def test_stream_index_slices_follow_the_ping_pong_loop(engine, avatars):
     """`StreamSession._index` serves a request's avatar frames as a slice of a table (no kernels on
     the live path): for every start and request size it must equal `pingpong_index`, including
-    requests longer than the table (it grows) and one-frame avatars."""
+    requests longer than the table (it grows) and one-frame avatars; its CPU twin (`on_host`) too."""
     for packet in (avatars["loop"], avatars["photo"]):
         s = StreamSession(engine, engine.load_avatar(packet), background_for(engine, packet), Fraction(FPS))
         n_frames = packet.n_frames
@@ -530,6 +530,8 @@ def test_stream_index_slices_follow_the_ping_pong_loop(engine, avatars):
             for n in (1, 4, 8, 2 * n_frames, 2 * n_frames + 3, 100, 7):
                 want = pingpong_index(torch.arange(start, start + n), n_frames)
                 assert torch.equal(s._index(start, n).cpu(), want), (packet.name if hasattr(packet, "name") else n_frames, start, n)
+                host = s._index(start, n, on_host=True)  # the CPU twin the stride renderer plans from
+                assert host.device.type == "cpu" and torch.equal(host, want), (n_frames, start, n)
 
 
 def _render_plans(session) -> list[tuple[int, int]]:

@@ -107,7 +107,7 @@ class StreamSession:
     def _index(self, frame_start: int, n: int, on_host: bool = False) -> torch.Tensor:
         """Avatar frames of output frames [frame_start, +n): a slice of the ping-pong loop's index
         table (no kernel; the table is made once, longer if a request outgrows it); ``on_host``: of
-        the table's CPU copy, made once per table (one sync, at its first use)."""
+        the table's CPU twin, made on the CPU once per table (no copy from the device, hence no sync)."""
         period = 2 * max(1, self.layer.n_frames)
         if self._loop_index is None or self._loop_index.shape[0] < period + n:  # any window is one slice
             length = period + max(period, n, 64)
@@ -116,7 +116,7 @@ class StreamSession:
         table = self._loop_index
         if on_host:
             if self._loop_index_host is None:
-                self._loop_index_host = self._loop_index.cpu()
+                self._loop_index_host = pingpong_index(torch.arange(table.shape[0]), self.layer.n_frames)
             table = self._loop_index_host
         s = frame_start % period
         return table[s:s + n]
