@@ -1,4 +1,4 @@
-# forty-fourth session, call 2: stride 8's MP4 (host rows, the default) with more x264 configurations now that the render
+# forty-fourth session, call 2 (END=300 L=290: the MP4 part alone): stride 8's MP4 (host rows, the default) with more x264 configurations now that the render
 # is no longer slowed by the encoder (call 1: chunks in hand by 0.21 s, the MP4 0.61 s, x264 + AAC alone 0.53 s); then,
 # with what is left of END, a live level of S (default 10) Ditto stride-4 sessions with host rows and with device rows.
 source .carry/setup.sh; set -o pipefail; export PATH=/tmp/site/bin:$PATH
