@@ -300,6 +300,32 @@ def test_concurrent_streams_keep_their_own_keyframes(video_packet):
     assert s.frames == 3  # keyframes 3, 6 and 9, nothing cached for it any more
 
 
+def test_a_shared_batch_renders_every_streams_keyframes_in_one_call(video_packet):
+    """A server's shared batch (`render_many`: several sessions' requests, as the render batcher hands
+    them over) sends all their keyframes through the networks in ONE keyframe-runner call, not one
+    small call per stream, and each stream gets the frames it gets rendered alone."""
+    e, s, layer = _standin_engine(3, video_packet)
+    da, a_rows = _stream(e, layer, FEATS11)
+    db, b_rows = _stream(e, layer, FEATS11.flip(0))
+    a_rows, b_rows = _smooth(a_rows), _smooth(b_rows)
+    alone_a = _render_chunks(*_standin_engine(3, video_packet)[::2], a_rows, [11])
+    alone_b = _render_chunks(*_standin_engine(3, video_packet)[::2], b_rows, [11])
+    calls: list[int] = []
+    runner = e._strider._key_runner
+    e._strider._key_runner = lambda *a: (calls.append(int(a[0].shape[0])), runner(*a))[1]
+    got_a, got_b, t = [], [], 0
+    for n in (4, 3, 4):
+        idx = pingpong_index(torch.arange(t, t + n), layer.n_frames)
+        ra, rb = e.render_many([(layer, a_rows[t : t + n], idx), (layer, b_rows[t : t + n], idx)])
+        got_a.append(ra)
+        got_b.append(rb)
+        t += n
+    keys = len(keyframes(11, 3))
+    assert len(calls) == 3 and sum(calls) == 2 * keys == s.frames  # one call per shared batch, both streams in it
+    assert all(c % 2 == 0 for c in calls)  # each call held the same keyframes of both streams
+    assert (torch.cat(got_a) - alone_a).abs().max() < 1e-3 and (torch.cat(got_b) - alone_b).abs().max() < 1e-3
+
+
 def test_live_access_skips_and_repeats(video_packet):
     """Live sessions may skip frames (a consumer fell behind) and repeat the last row (underrun)."""
     e, s, layer = _standin_engine(3, video_packet)

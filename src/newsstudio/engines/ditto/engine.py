@@ -432,16 +432,16 @@ class DittoEngine(Engine):
         own ROI; consecutive items of one avatar (many sessions of one presenter) are stitched,
         gathered and sampled as one run (the stitching is row by row: the same keypoints as one
         call per item, far fewer small launches). Stride-mode rows go to the stride renderer,
-        which batches per stream itself."""
+        which renders all their streams' keyframes in one batch too."""
         dev = self.device
         out: list[torch.Tensor | None] = [None] * len(items)
-        dense_k: list[int] = []
+        strided = [k for k, it in enumerate(items) if self._strider is not None and it[1].shape[-1] == self._strider.width]
+        dense_k = sorted(set(range(len(items))) - set(strided))  # dense rows (idle ones in stride mode too)
         with torch.inference_mode():
-            for k, (layer, driving, frame_idx) in enumerate(items):
-                if self._strider is not None and driving.shape[-1] == self._strider.width:
-                    out[k] = self._strider.render(layer, driving, frame_idx)  # stride mode; dense rows (idle) below
-                else:
-                    dense_k.append(k)
+            if strided:
+                assert self._strider is not None
+                for k, roi in zip(strided, self._strider.render_many([items[k] for k in strided])):
+                    out[k] = roi
             dense = [items[k] for k in dense_k]
             runs: list[tuple[list[int], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
             for run in same_layer_runs(dense):

@@ -238,6 +238,29 @@ class StreamState:
         self.seen = sorted(d.items())[-16:]
 
 
+@dataclass(eq=False)
+class _Plan:
+    """One stream's rows of a render call (`StrideRenderer._plan`): which keyframes to render (``todo``:
+    (frame, source frame) -> row of the pool [own rows | rows of a | rows of b]) or reuse (``table``), and
+    each in-between's pair of keyframes (``links``)."""
+
+    layer: Any
+    rows: torch.Tensor  # the request's rows, on the device
+    idx: torch.Tensor  # the request's source frames, on the device
+    base: int  # dense row width
+    sel: list[int]  # this stream's rows in the request
+    st: StreamState
+    ts: list[int]
+    ta: list[int]
+    tb: list[int]
+    src: list[int]
+    is_key: list[bool] = field(default_factory=list)
+    todo: dict[tuple[int, int], int] = field(default_factory=dict)
+    table: dict[tuple[int, int], KeyFrame] = field(default_factory=dict)
+    own: dict[int, tuple[int, int]] = field(default_factory=dict)
+    links: list[tuple[tuple[int, int], tuple[int, int]]] = field(default_factory=list)
+
+
 class StrideDriver(QueuedStage):
     """Wraps a stream's dense driver: rows come out self-contained for stride rendering
     (module doc), each in-between row once the row of its next keyframe exists. At ``close`` the
@@ -387,111 +410,150 @@ class StrideRenderer:
     # -- rendering --------------------------------------------------------------------------------
     def render(self, layer: Any, rows: torch.Tensor, frame_idx: torch.Tensor) -> torch.Tensor:
         """ROIs (B, Hr, Wr, 3) float in [0, 255] for stride rows (module doc)."""
-        eng = self.engine
-        dev = eng.device
-        with torch.inference_mode():
-            base = (rows.shape[1] - EXTRA) // 3
-            # The batch is planned on the CPU from its bookkeeping columns and source frames: free when
-            # they come on the host (`Engine.rows_on_host`), else one sync, which waits for everything
-            # queued on this stream before (the previous batch's render too).
-            cols = rows[:, base : base + EXTRA].float()
-            meta = torch.cat([cols, frame_idx[:, None].to(cols.device, torch.float32)], 1).tolist()
-            rows = to_device(rows, dev, torch.float32)
-            idx = to_device(frame_idx, dev)
-            keys = sorted({int(m[KEY_COL]) for m in meta})
-            crops = None
-            for key in keys:
-                sel = [i for i, m in enumerate(meta) if int(m[KEY_COL]) == key]
-                part = self._crops(layer, rows, idx, base, [meta[i] for i in sel], sel, self._state(key, layer))
-                if len(keys) == 1:
-                    crops = part
-                else:
-                    if crops is None:
-                        crops = part.new_empty((rows.shape[0], *part.shape[1:]))
-                    crops[tensor_on(sel, dev)] = part
-            assert crops is not None
-            grid = layer.data["grid"].index_select(0, idx.to(layer.data["grid"].device)).to(dev, non_blocking=True)
-            return sample_crops_to_roi(crops.clamp_(0, 1).mul_(255.0), grid)
+        return self.render_many([(layer, rows, frame_idx)])[0]
 
-    def _crops(self, layer: Any, rows: torch.Tensor, idx: torch.Tensor, base: int, meta: list[list[float]],
-               sel: list[int], st: StreamState) -> torch.Tensor:
-        """Crops (len(sel), 3, H, W) float32 (unclamped) of rows ``sel`` (one stream's)."""
-        eng = self.engine
-        dev = eng.device
+    def render_many(self, items: list[tuple[Any, torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        """`render` of several requests (a server's shared batch: many streams, any avatars), with every
+        stream's keyframes through ONE keyframe-runner call: per stream, a live request of ~8 frames at
+        k = 4 needs ~2 keyframes, which alone would run the networks at batch 2."""
+        dev = self.engine.device
+        with torch.inference_mode():
+            planned = []
+            for layer, rows, frame_idx in items:
+                base = (rows.shape[1] - EXTRA) // 3
+                # The batch is planned on the CPU from its bookkeeping columns and source frames: free when
+                # they come on the host (`Engine.rows_on_host`), else one sync, which waits for everything
+                # queued on this stream before (the previous batch's render too).
+                cols = rows[:, base : base + EXTRA].float()
+                meta = torch.cat([cols, frame_idx[:, None].to(cols.device, torch.float32)], 1).tolist()
+                rows_d, idx_d = to_device(rows, dev, torch.float32), to_device(frame_idx, dev)
+                plans = []
+                for key in sorted({int(m[KEY_COL]) for m in meta}):
+                    sel = [i for i, m in enumerate(meta) if int(m[KEY_COL]) == key]
+                    plans.append(self._plan(layer, rows_d, idx_d, base, [meta[i] for i in sel], sel, self._state(key, layer)))
+                planned.append((layer, rows_d, idx_d, plans))
+            self._render_keyframes([p for *_, plans in planned for p in plans])
+            return [self._rois(layer, rows_d, idx_d, plans) for layer, rows_d, idx_d, plans in planned]
+
+    def _rois(self, layer: Any, rows: torch.Tensor, idx: torch.Tensor, plans: list["_Plan"]) -> torch.Tensor:
+        """One request's ROIs from its streams' plans, keyframes rendered."""
+        dev = self.engine.device
+        crops = None
+        for plan in plans:
+            part = self._finish(plan)
+            if len(plans) == 1:
+                crops = part
+            else:
+                if crops is None:
+                    crops = part.new_empty((rows.shape[0], *part.shape[1:]))
+                crops[tensor_on(plan.sel, dev)] = part
+        assert crops is not None
+        grid = layer.data["grid"].index_select(0, idx.to(layer.data["grid"].device)).to(dev, non_blocking=True)
+        return sample_crops_to_roi(crops.clamp_(0, 1).mul_(255.0), grid)
+
+    def _plan(self, layer: Any, rows: torch.Tensor, idx: torch.Tensor, base: int, meta: list[list[float]],
+              sel: list[int], st: StreamState) -> "_Plan":
+        """What rows ``sel`` (one stream's) need: the keyframes to render, to reuse, and each in-between's pair."""
         B = rows.shape[0]
-        ts = [int(m[T_COL]) for m in meta]
-        ta = [int(m[A_COL]) for m in meta]
-        tb = [int(m[B_COL]) for m in meta]
-        src = [int(m[EXTRA]) for m in meta]
-        is_key = [t == a for t, a in zip(ts, ta)]
+        p = _Plan(layer=layer, rows=rows, idx=idx, base=base, sel=sel, st=st,
+                  ts=[int(m[T_COL]) for m in meta], ta=[int(m[A_COL]) for m in meta],
+                  tb=[int(m[B_COL]) for m in meta], src=[int(m[EXTRA]) for m in meta])
+        p.is_key = [t == a for t, a in zip(p.ts, p.ta)]
         with st.lock:
-            st.observe(list(zip(ts, src)))
+            st.observe(list(zip(p.ts, p.src)))
             seen = list(st.seen)
             cached = dict(st.keys)
         # Keyframes needed, as (frame, source frame): a keyframe row's own, or an in-between's
         # neighbour -- shown in this batch, else cached, else rendered from the row it carries
         # on the source frame the loop will show it on.
-        todo: dict[tuple[int, int], int] = {}  # -> row in the pool [own rows | rows of a | rows of b]
-        table: dict[tuple[int, int], KeyFrame] = {}
-        own: dict[int, tuple[int, int]] = {}
         for j, i in enumerate(sel):
-            if is_key[j]:
-                ref = own[ts[j]] = (ts[j], src[j])
-                hit = cached.get(ts[j])
-                if hit is not None and hit.src == src[j]:
-                    table[ref] = hit
-                elif ref not in todo:
-                    todo[ref] = i
-        links: list[tuple[tuple[int, int], tuple[int, int]]] = []  # per in-between: (a, b) refs
+            if p.is_key[j]:
+                ref = p.own[p.ts[j]] = (p.ts[j], p.src[j])
+                hit = cached.get(p.ts[j])
+                if hit is not None and hit.src == p.src[j]:
+                    p.table[ref] = hit
+                elif ref not in p.todo:
+                    p.todo[ref] = i
         for j, i in enumerate(sel):
-            if is_key[j]:
+            if p.is_key[j]:
                 continue
             pair = []
-            for t_key, block in ((ta[j], 1), (tb[j], 2)):
-                if t_key in own:
-                    ref = own[t_key]
+            for t_key, block in ((p.ta[j], 1), (p.tb[j], 2)):
+                if t_key in p.own:
+                    ref = p.own[t_key]
                 elif t_key in cached:
                     ref = (t_key, cached[t_key].src)
-                    table[ref] = cached[t_key]
+                    p.table[ref] = cached[t_key]
                 else:
                     ref = (t_key, guess_source(seen, t_key, layer.n_frames))
-                    todo.setdefault(ref, block * B + i)
+                    p.todo.setdefault(ref, block * B + i)
                 pair.append(ref)
-            links.append((pair[0], pair[1]))
-        if todo:
-            order = sorted(todo)
-            pool = torch.cat([rows[:, :base], rows[:, base + EXTRA : 2 * base + EXTRA], rows[:, 2 * base + EXTRA :]])
-            img, x_d, mask = self._render_keys(layer, pool.index_select(0, tensor_on([todo[r] for r in order], dev)),
-                                               tensor_on([r[1] for r in order], dev))
+            p.links.append((pair[0], pair[1]))
+        return p
+
+    def _render_keyframes(self, plans: list["_Plan"]) -> None:
+        """Every plan's keyframes to render, through one keyframe-runner call (exactly as `DittoEngine.render`
+        renders them: same rows, source frames, dtypes), into each plan's table."""
+        eng = self.engine
+        dev = eng.device
+        need = [p for p in plans if p.todo]
+        if not need:
+            return
+        inputs = []
+        for p in need:
+            order = sorted(p.todo)
+            b = p.base
+            pool = torch.cat([p.rows[:, :b], p.rows[:, b + EXTRA : 2 * b + EXTRA], p.rows[:, 2 * b + EXTRA :]])
+            src = tensor_on([r[1] for r in order], dev)
+            x_s, x_d = eng.keypoints(p.layer, pool.index_select(0, tensor_on([p.todo[r] for r in order], dev)), src)
+            d = p.layer.data
+            f_s = d["f_s"].index_select(0, src.to(d["f_s"].device)).to(dev, eng.dtype, non_blocking=True)
+            inputs.append((order, f_s, x_s, x_d))
+        if len(inputs) == 1:
+            out = self._key_runner(*inputs[0][1:])
+        else:
+            out = self._key_runner(*(torch.cat([x[k] for x in inputs]) for k in (1, 2, 3)))
+        img, mask = (out[0], out[1]) if self.mode == "mask" else (out[0], None)
+        s = 0
+        for p, (order, _, _, x_d) in zip(need, inputs):
             for j, ref in enumerate(order):
-                table[ref] = KeyFrame(ref[1], img[j], x_d[j], None if mask is None else mask[j])
-            with self._lock:
-                self.network_frames += len(order)
-        # keyframes as rendered, in-betweens interpolated
-        kpos = [j for j in range(len(sel)) if is_key[j]]
-        ipos = [j for j in range(len(sel)) if not is_key[j]]
+                p.table[ref] = KeyFrame(ref[1], img[s + j], x_d[j], None if mask is None else mask[s + j])
+            s += len(order)
+        with self._lock:
+            self.network_frames += s
+
+    def _finish(self, p: "_Plan") -> torch.Tensor:
+        """Crops (len(sel), 3, H, W) float32 (unclamped) of a plan whose keyframes are in its table:
+        keyframes as rendered, in-betweens interpolated; the stream's cache updated."""
+        eng = self.engine
+        dev = eng.device
+        ts, ta, tb, src, sel, base = p.ts, p.ta, p.tb, p.src, p.sel, p.base
+        table = p.table
+        kpos = [j for j in range(len(sel)) if p.is_key[j]]
+        ipos = [j for j in range(len(sel)) if not p.is_key[j]]
         shape = next(iter(table.values())).img.shape
         out = torch.empty((len(sel), *shape), device=dev, dtype=torch.float32)
         if kpos:
             out[tensor_on(kpos, dev)] = torch.stack([table[(ts[j], src[j])].img for j in kpos]).float()
         if ipos:
             rsel = tensor_on([sel[j] for j in ipos], dev)
-            _, x_t = eng.keypoints(layer, rows.index_select(0, rsel)[:, :base], idx.index_select(0, rsel))
-            ka = [table[a] for a, _ in links]
-            kb = [table[b] for _, b in links]
+            _, x_t = eng.keypoints(p.layer, p.rows.index_select(0, rsel)[:, :base], p.idx.index_select(0, rsel))
+            ka = [table[a] for a, _ in p.links]
+            kb = [table[b] for _, b in p.links]
             w = tensor_on([(ts[j] - ta[j]) / (tb[j] - ta[j]) for j in ipos], dev, torch.float32)
             use_mask = self.mode == "mask"
             out[tensor_on(ipos, dev)] = interpolate(
                 torch.stack([k.img for k in ka]), torch.stack([k.img for k in kb]),
                 torch.stack([k.x_d for k in ka]), torch.stack([k.x_d for k in kb]), x_t, w,
-                feat_n=int(layer.data["f_s"].shape[-1]),
+                feat_n=int(p.layer.data["f_s"].shape[-1]),
                 mode="flow" if self.mode in ("mask", "heatmap") else self.mode,
                 mask_a=torch.stack([k.mask for k in ka]) if use_mask else None,
                 mask_b=torch.stack([k.mask for k in kb]) if use_mask else None)
         # cache what the next frames need: keyframes from the newest frame's left keyframe on
         keep_from = ta[max(range(len(sel)), key=lambda j: ts[j])]
+        st = p.st
         with st.lock:
-            for ref in sorted(todo, key=lambda r: r in own.values()):  # a frame's own source wins
+            for ref in sorted(p.todo, key=lambda r: r in p.own.values()):  # a frame's own source wins
                 if ref[0] >= keep_from:
                     kf = table[ref]
                     st.keys[ref[0]] = KeyFrame(kf.src, kf.img.clone(), kf.x_d.clone(),
@@ -499,19 +561,6 @@ class StrideRenderer:
             for t_key in [t for t in st.keys if t < keep_from]:
                 del st.keys[t_key]
         return out
-
-    def _render_keys(self, layer: Any, rows: torch.Tensor, src: torch.Tensor
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Keyframes through the networks exactly as ``DittoEngine.render`` does (same rows, source
-        frames, dtypes, autocast): decoder output (n, 3, H, W), x_d (n, K, 3), mask or None."""
-        eng = self.engine
-        dev = eng.device
-        d = layer.data
-        x_s, x_d = eng.keypoints(layer, rows, src)
-        f_s = d["f_s"].index_select(0, src.to(d["f_s"].device)).to(dev, eng.dtype, non_blocking=True)
-        out = self._key_runner(f_s, x_s, x_d)
-        img, mask = (out[0], out[1]) if self.mode == "mask" else (out[0], None)
-        return img, x_d, mask
 
     def _keys(self, f_s: torch.Tensor, x_s: torch.Tensor, x_d: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return self.engine.warp_decode(f_s, x_s, x_d, with_mask=self.mode == "mask")
