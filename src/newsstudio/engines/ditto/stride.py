@@ -65,7 +65,9 @@ and registered weakly with the engine under the stream key, so it goes away with
 which lets each keyframe go through the networks once when batches arrive in order (the runner's
 case). A batch that ends between keyframes renders the next keyframe ahead (on the source frame
 the avatar loop will show it on, from the ping-pong pattern of the frames seen so far) and the
-next batch reuses it. Rows of dense width (``idle_driving``, the avatar at rest) render densely.
+next batch reuses it. A server's shared batch (`StrideRenderer.render_many`: many sessions' requests) plans
+each stream on its own and sends all their keyframes through the networks in one call. Rows of dense width
+(``idle_driving``, the avatar at rest) render densely.
 """
 from __future__ import annotations
 
