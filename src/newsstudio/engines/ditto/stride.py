@@ -417,7 +417,10 @@ class StrideRenderer:
     def render_many(self, items: list[tuple[Any, torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
         """`render` of several requests (a server's shared batch: many streams, any avatars), with every
         stream's keyframes through ONE keyframe-runner call: per stream, a live request of ~8 frames at
-        k = 4 needs ~2 keyframes, which alone would run the networks at batch 2."""
+        k = 4 needs ~2 keyframes, which alone would run the networks at batch 2. Every request is planned
+        before any keyframe renders, so two requests of ONE stream in the same batch (not what sessions send:
+        one request in flight each) would each render their keyframes rather than the second reusing the
+        first's; the frames are the same either way."""
         dev = self.engine.device
         with torch.inference_mode():
             planned = []
