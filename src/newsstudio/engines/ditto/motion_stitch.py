@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ...accel.constants import device_constant
 from ...accel.host_copy import tensor_on
 from .models.stitching_network import StitchingNetwork
 
@@ -79,15 +80,9 @@ def source_kp_cond(x_s_info: Mapping[str, Tensor]) -> Tensor:
 # -- geometry ----------------------------------------------------------------------------------------
 
 
-_BIN_INDEX: dict[tuple[str, torch.dtype], Tensor] = {}
-
-
 def _bin_index(device: torch.device, dtype: torch.dtype) -> Tensor:
     """[0..65] on the device, made once per device and dtype (not one arange per call)."""
-    key = (str(device), dtype)
-    if key not in _BIN_INDEX:
-        _BIN_INDEX[key] = torch.arange(66, device=device, dtype=dtype)
-    return _BIN_INDEX[key]
+    return device_constant("bin66 index", device, lambda d: torch.arange(66, device=d, dtype=dtype), dtype)
 
 
 def bin66_to_degree(logits: Tensor) -> Tensor:
@@ -104,14 +99,9 @@ def poses_to_degrees(pitch: Tensor, yaw: Tensor, roll: Tensor) -> tuple[Tensor, 
 
 # Each axis's rotation as 9 picks from [0, 1, cos, sin, −sin] of its angle: Rx, Ry, Rz (row major).
 _ROTATION_PICKS = ((1, 0, 0, 0, 2, 4, 0, 3, 2), (2, 0, 3, 0, 1, 0, 4, 0, 2), (2, 4, 0, 3, 2, 0, 0, 0, 1))
-_PICKS: dict[str, Tensor] = {}
-
-
 def _rotation_picks(device: torch.device) -> Tensor:
-    key = str(device)
-    if key not in _PICKS:
-        _PICKS[key] = tensor_on(_ROTATION_PICKS, device, torch.int64)[None]  # [1, 3, 9]; no synchronising upload
-    return _PICKS[key]
+    """`_ROTATION_PICKS` as [1, 3, 9] on the device, uploaded once without a synchronising copy."""
+    return device_constant("rotation picks", device, lambda d: tensor_on(_ROTATION_PICKS, d, torch.int64)[None])
 
 
 def rotation_matrix(pitch: Tensor, yaw: Tensor, roll: Tensor) -> Tensor:
@@ -256,19 +246,16 @@ def _pose_degrees(poses: Sequence[_Pose]) -> list[Tensor]:
     return [d if p._is_deg is None else torch.where(p._is_deg, p.deg, d) for p, d in zip(poses, from_logits)]
 
 
-_ROW_MASKS: dict[tuple, Tensor] = {}
-
-
 def _rows_mask(rows: Sequence[int], device: torch.device, dtype: torch.dtype) -> Tensor:
     """1 on the given keypoint rows (x, y, z each), as [1, 63]; cached per device so the render
     path does not upload a fresh mask (a host-to-device copy, i.e. a stall) every batch."""
-    key = (tuple(rows), str(device), dtype)
-    m = _ROW_MASKS.get(key)
-    if m is None:
-        m = torch.zeros(NUM_KP, 3, device=device, dtype=dtype)
+
+    def make(d: torch.device) -> Tensor:
+        m = torch.zeros(NUM_KP, 3, device=d, dtype=dtype)
         m[list(rows)] = 1
-        m = _ROW_MASKS[key] = m.reshape(1, -1)
-    return m
+        return m.reshape(1, -1)
+
+    return device_constant("keypoint rows mask", device, make, tuple(rows), dtype)
 
 
 def _broadcast_info(info: Mapping[str, Tensor], n: int) -> Info:
@@ -540,13 +527,7 @@ def _fix_gaze(exp: Tensor, yaw_d: Tensor, pitch_d: Tensor, yaw_s: Tensor, pitch_
     return out
 
 
-_GAZE_COLUMNS: dict[str, Tensor] = {}
-
-
 def _gaze_columns(device: torch.device) -> Tensor:
     """The eye-ball expression columns as an index tensor on the device, made once: indexing with
     a Python list uploads it on every call (a synchronising copy in the render thread, every batch)."""
-    key = str(device)
-    if key not in _GAZE_COLUMNS:
-        _GAZE_COLUMNS[key] = torch.tensor([33, 34, 45, 46], device=device)
-    return _GAZE_COLUMNS[key]
+    return device_constant("gaze columns", device, lambda d: torch.tensor([33, 34, 45, 46], device=d))

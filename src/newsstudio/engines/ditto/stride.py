@@ -81,6 +81,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ...accel.constants import device_constant
 from ...accel.host_copy import tensor_on, to_device
 from ...compose.splice import sample_crops_to_roi
 from ..base import FrameQueue, QueuedStage, TensorFrameQueue
@@ -151,19 +152,17 @@ def warp_by_keypoints(img: torch.Tensor, kp_to: torch.Tensor, kp_from: torch.Ten
     return F.grid_sample(img.float(), grid, mode=sample, padding_mode="border", align_corners=False)
 
 
-_CENTRES: dict[tuple[int, int, str], torch.Tensor] = {}
-
-
 def _pixel_centres(h: int, w: int, device: torch.device) -> torch.Tensor:
     """(1, h, w, 2) normalised (x, y) of the pixel centres (align_corners=False), made once per size and
     device: a dozen small ops fewer in every stride render call."""
-    key = (h, w, str(device))
-    if key not in _CENTRES:
-        ys = (torch.arange(h, device=device, dtype=torch.float32) + 0.5) / h * 2 - 1
-        xs = (torch.arange(w, device=device, dtype=torch.float32) + 0.5) / w * 2 - 1
+
+    def make(d: torch.device) -> torch.Tensor:
+        ys = (torch.arange(h, device=d, dtype=torch.float32) + 0.5) / h * 2 - 1
+        xs = (torch.arange(w, device=d, dtype=torch.float32) + 0.5) / w * 2 - 1
         gy, gx = torch.meshgrid(ys, xs, indexing="ij")
-        _CENTRES[key] = torch.stack([gx, gy], dim=-1)[None]
-    return _CENTRES[key]
+        return torch.stack([gx, gy], dim=-1)[None]
+
+    return device_constant("pixel centres", device, make, h, w)
 
 
 def interpolate(img_a: torch.Tensor, img_b: torch.Tensor, kp_a: torch.Tensor, kp_b: torch.Tensor,

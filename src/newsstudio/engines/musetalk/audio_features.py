@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ...accel.constants import device_constant
 from ...accel.host_copy import to_device
 
 SAMPLE_RATE = 16000
@@ -87,16 +88,9 @@ def mel_filter_bank(n_mels: int = N_MELS, n_fft: int = N_FFT, sampling_rate: int
     return filters
 
 
-_FILTERS_CACHE: dict[tuple[str, int], torch.Tensor] = {}
-
-
 def _filters_on(device: torch.device) -> torch.Tensor:
-    key = (device.type, -1 if device.index is None else device.index)
-    t = _FILTERS_CACHE.get(key)
-    if t is None:
-        t = torch.from_numpy(np.array(mel_filter_bank())).to(device=device, dtype=torch.float32)
-        _FILTERS_CACHE[key] = t
-    return t
+    return device_constant("mel filters", device,
+                           lambda d: torch.from_numpy(np.array(mel_filter_bank())).to(device=d, dtype=torch.float32))
 
 
 def _as_waveform(wave: np.ndarray | torch.Tensor | Sequence[float], device: torch.device | str | None) -> torch.Tensor:

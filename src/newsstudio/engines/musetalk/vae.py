@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...accel.constants import device_constant
+
 SCALING_FACTOR = 0.18215  # diffusers' default; sd-vae-ft-mse's config does not set one
 
 
@@ -58,20 +60,15 @@ def scaling_factor_of(vae) -> float:
 # Pre-processing
 # --------------------------------------------------------------------------------------------
 
-_LUT_CACHE: dict[tuple[str, int, torch.dtype], torch.Tensor] = {}
-
-
 def _uint8_lut(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """value k -> ((k / 255 in float64 -> float32) - 0.5) / 0.5, the reference's exact chain
     (numpy `/ 255.` then `FloatTensor`, then torchvision Normalize in float32), as a 256-entry table."""
-    key = (device.type, -1 if device.index is None else device.index, dtype)
-    t = _LUT_CACHE.get(key)
-    if t is None:
+
+    def make(d: torch.device) -> torch.Tensor:
         x = torch.from_numpy((np.arange(256, dtype=np.float64) / 255.0).astype(np.float32))
-        x = (x - 0.5) / 0.5
-        t = x.to(device=device, dtype=dtype)
-        _LUT_CACHE[key] = t
-    return t
+        return ((x - 0.5) / 0.5).to(device=d, dtype=dtype)
+
+    return device_constant("uint8 lut", device, make, dtype)
 
 
 def _as_uint8_nhwc(images: np.ndarray | torch.Tensor, device: torch.device | str | None) -> torch.Tensor:
